@@ -1,0 +1,48 @@
+# outbox CDC — developer entry points. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help install lint test unit test-integration demo bench stack-up stack-down stack-status clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv with the project (editable) and the dev tools
+
+lint: $(STAMP) ## ruff, and mypy strict on cdc/
+	$(BIN)/ruff check cdc tests
+	$(BIN)/ruff format --check cdc tests
+	$(BIN)/mypy
+
+stack-up: ## start PostgreSQL and Kafka on loopback (idempotent), write .stack/env
+	@bash stack/stack.sh up
+
+stack-down: ## stop the processes stack-up started
+	@bash stack/stack.sh down
+
+stack-status: ## what runs, and where its logs are
+	@bash stack/stack.sh status
+
+test: $(STAMP) stack-up ## start the stack, then run every test (unit and integration)
+	. .stack/env && $(BIN)/pytest $(PYTEST_ARGS)
+
+unit: $(STAMP) ## only the tests that need no service
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+demo: $(STAMP) stack-up ## run the pipeline end to end on the local stack
+	. .stack/env && $(BIN)/python -m cdc.demo
+
+bench: $(STAMP) stack-up ## the end-to-end benchmark; figures go to bench-results/
+	. .stack/env && $(BIN)/python -m bench.run $(BENCH_ARGS)
+
+clean: stack-down ## stop the stack and remove its state and the venv
+	rm -rf .stack $(VENV)

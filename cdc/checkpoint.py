@@ -1,0 +1,133 @@
+"""Which WAL position may be confirmed to the slot: a contiguous low watermark over acknowledged transactions.
+
+Events are produced as soon as they are decoded, long before their transaction's Commit message arrives,
+and Kafka acknowledges them in whatever order its partitions answer. A transaction's commit end LSN may
+be confirmed only when that transaction *and every earlier one* has been committed on our side (its
+Commit message was read) and every event it produced has been acknowledged. The tracker keeps the
+transactions in commit order and moves the watermark over the prefix that is complete.
+
+When nothing is open or outstanding, the keepalives' ``wal_end`` is confirmed too, so that a slot whose
+publication sees no traffic does not pin WAL written by the rest of the cluster (guarantee 5).
+
+This module is pure bookkeeping: no I/O, no Kafka import. ``Transaction.delivered`` has the signature of a
+confluent-kafka delivery callback so the sink can hand it over as it is, without a closure per event.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from cdc.errors import CheckpointError
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFailure:
+    """The first delivery that Kafka refused. The pipeline stops on it without confirming past it."""
+
+    error: object
+    xid: int
+    commit_lsn: int
+
+
+class Transaction:
+    """One source transaction: how many of its events Kafka has yet to acknowledge."""
+
+    __slots__ = ("xid", "commit_lsn", "commit_time_us", "end_lsn", "outstanding", "committed", "_tracker")
+
+    def __init__(self, tracker: AckTracker, xid: int, commit_lsn: int, commit_time_us: int) -> None:
+        self.xid = xid
+        self.commit_lsn = commit_lsn
+        self.commit_time_us = commit_time_us
+        self.end_lsn = 0
+        self.outstanding = 0
+        self.committed = False
+        self._tracker = tracker
+
+    def sent(self) -> None:
+        """One more event of this transaction was handed to the producer."""
+        self.outstanding += 1
+        self._tracker.in_flight += 1
+
+    def delivered(self, err: object, _msg: object = None) -> None:
+        """Delivery report for one event: ``err`` is None on success (confluent-kafka's callback shape)."""
+        tracker = self._tracker
+        if err is not None:
+            if tracker.failure is None:
+                tracker.failure = DeliveryFailure(err, self.xid, self.commit_lsn)
+            # A failed event stays outstanding forever: the watermark must never pass it.
+            return
+        self.outstanding -= 1
+        tracker.in_flight -= 1
+        tracker.acked_events += 1
+        if self.outstanding == 0 and self.committed:
+            tracker._advance()
+
+
+class AckTracker:
+    """The contiguous low watermark of fully acknowledged transactions.
+
+    ``confirmed_lsn`` only ever grows. ``in_flight`` counts events produced and not yet acknowledged.
+    """
+
+    def __init__(self, confirmed_lsn: int = 0) -> None:
+        self.confirmed_lsn = confirmed_lsn
+        self.in_flight = 0
+        self.acked_events = 0
+        self.failure: DeliveryFailure | None = None
+        self._pending: deque[Transaction] = deque()
+        self._open: Transaction | None = None
+
+    def begin(self, xid: int, commit_lsn: int, commit_time_us: int) -> Transaction:
+        """A Begin message: the transaction whose events follow. Transactions arrive in commit order."""
+        if self._open is not None:
+            raise CheckpointError(
+                f"transaction {xid} began while transaction {self._open.xid} is still open",
+                lsn=commit_lsn,
+            )
+        txn = Transaction(self, xid, commit_lsn, commit_time_us)
+        self._open = txn
+        self._pending.append(txn)
+        return txn
+
+    def commit(self, txn: Transaction, end_lsn: int) -> None:
+        """The transaction's Commit message: from now on only its acknowledgements are awaited."""
+        if txn is not self._open:
+            raise CheckpointError(f"commit of transaction {txn.xid}, which is not the open one", lsn=end_lsn)
+        self._open = None
+        txn.end_lsn = end_lsn
+        txn.committed = True
+        if txn.outstanding == 0:
+            self._advance()
+
+    def keepalive(self, wal_end: int) -> bool:
+        """A keepalive from the server. When nothing is open or outstanding, everything up to ``wal_end`` is
+        done as far as this slot is concerned. Returns whether the watermark moved."""
+        if self._open is None and not self._pending and wal_end > self.confirmed_lsn:
+            self.confirmed_lsn = wal_end
+            return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        return self._open is None and not self._pending
+
+    @property
+    def pending_transactions(self) -> int:
+        return len(self._pending)
+
+    @property
+    def open_transaction(self) -> Transaction | None:
+        return self._open
+
+    def _advance(self) -> None:
+        pending = self._pending
+        confirmed = self.confirmed_lsn
+        while pending:
+            head = pending[0]
+            if not head.committed or head.outstanding:
+                break
+            pending.popleft()
+            if head.end_lsn > confirmed:
+                confirmed = head.end_lsn
+        self.confirmed_lsn = confirmed

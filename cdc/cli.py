@@ -1,0 +1,166 @@
+"""The `cdc` command: build the settings, call the library, map CdcError to an exit code and one line.
+
+Exit codes: 0 ok, 1 runtime failure, 2 bad usage, configuration or a refusal to start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from cdc.config import Settings, load_settings
+from cdc.errors import CdcError
+from cdc.logs import configure_logging
+
+log = logging.getLogger("cdc")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def settings_options(func: F) -> F:
+    """The flags every command understands; each overrides the TOML file and CDC_* variables."""
+    options = [
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="TOML settings file (or CDC_CONFIG).",
+        ),
+        click.option(
+            "--database-url", help="libpq URI or conninfo (prefer CDC_DATABASE_URL: flags show in ps)."
+        ),
+        click.option("--kafka-bootstrap-servers", help="Kafka brokers, host:port[,host:port]."),
+        click.option("--slot", help="Logical replication slot name."),
+        click.option("--publication", help="Publication name."),
+        click.option("--table", help="Outbox table, schema.name."),
+        click.option("--schemas-dir", help="Directory of <event_type>/v<N>.avsc schemas."),
+        click.option("--topic-template", help="Topic per event, e.g. outbox.event.{aggregate_type}."),
+        click.option("--dlq-topic", help="Dead-letter topic."),
+        click.option(
+            "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
+        ),
+        click.option("--log-format", type=click.Choice(["text", "json"])),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_settings(config_file: Path | None, **flags: Any) -> Settings:
+    overrides: dict[str, object] = {
+        "database_url": flags.get("database_url"),
+        "kafka.bootstrap_servers": flags.get("kafka_bootstrap_servers"),
+    }
+    for key in (
+        "slot",
+        "publication",
+        "table",
+        "schemas_dir",
+        "topic_template",
+        "dlq_topic",
+        "log_level",
+        "log_format",
+    ):
+        overrides[key] = flags.get(key)
+    return load_settings(config_file=config_file, environ=os.environ, overrides=overrides)
+
+
+def handles_errors(func: F) -> F:
+    """One line on stderr and the error's exit code for every CdcError; tracebacks only with DEBUG."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except CdcError as exc:
+            log.error("%s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            click.echo(f"cdc: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="outbox-cdc")
+def main() -> None:
+    """outbox CDC: stream a PostgreSQL outbox table from the WAL to Kafka as schema-versioned Avro."""
+
+
+@main.command()
+@settings_options
+@handles_errors
+def run(config_file: Path | None, **flags: Any) -> None:
+    """Run the pipeline until SIGTERM or SIGINT."""
+    settings = build_settings(config_file, **flags)
+    configure_logging(settings.log_level, settings.log_format)
+    from cdc.pipeline import Pipeline  # the pipeline pulls in Kafka and Avro; other commands need neither
+
+    pipeline = Pipeline(settings)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping after in-flight events are acknowledged", signal.Signals(signum).name)
+        pipeline.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    pipeline.run()
+
+
+@main.command()
+@settings_options
+@click.option("--dry-run", is_flag=True, help="Print the SQL instead of running it.")
+@handles_errors
+def setup(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
+    """Create the outbox table, publication and slot (idempotent)."""
+    from cdc import setup as setup_module
+
+    settings = build_settings(config_file, **flags)
+    configure_logging(settings.log_level, settings.log_format)
+    for name, outcome in setup_module.apply(settings, dry_run=dry_run):
+        if dry_run:
+            click.echo(f"-- {name}\n{outcome}")
+        else:
+            click.echo(f"{name}: {outcome}")
+
+
+@main.group()
+def config() -> None:
+    """Inspect the effective configuration."""
+
+
+@config.command("show")
+@settings_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of TOML-like lines.")
+@handles_errors
+def config_show(config_file: Path | None, as_json: bool, **flags: Any) -> None:
+    """Print the effective settings, secrets redacted, with where each value came from."""
+    settings = build_settings(config_file, **flags)
+    data = settings.redacted()
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    for key, value in _flatten(data):
+        source = settings.sources.get(key, "default")
+        click.echo(f"{key} = {json.dumps(value, default=str)}  # {source}")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and key in {"kafka", "extra"}:
+            out.extend(_flatten(value, prefix if key == "extra" else f"{prefix}{key}."))
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

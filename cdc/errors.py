@@ -1,0 +1,179 @@
+"""The one exception tree of outbox CDC.
+
+Every error the library raises on purpose is a :class:`CdcError`. Library errors (psycopg, confluent-kafka,
+fastavro) are wrapped at the stage boundary with ``raise ... from exc``, so ``__cause__`` keeps the original
+and ``lsn`` says where in the WAL the pipeline was when it happened.
+
+```
+CdcError                          exit 1 unless a subclass says otherwise
+├── ConfigError                   exit 2: a setting is missing, unknown or invalid (names the key and the fix)
+├── StartupRefusal                exit 2: the environment is not fit to stream; nothing was changed
+│   ├── WalLevelError             wal_level is not 'logical'
+│   ├── SlotMissingError          the replication slot does not exist (never re-created silently)
+│   ├── SlotInvalidatedError      Postgres invalidated the slot (wal_status = 'lost')
+│   ├── SlotActiveError           another process is streaming from the slot
+│   ├── PublicationError          the publication is missing or does not cover the outbox table
+│   └── BrokerUnreachableError    Kafka did not answer within the start-up wait
+├── SourceError                   the replication stream (PostgreSQL side)
+│   ├── SourceConnectionError     the connection was lost or refused: retried with backoff
+│   └── ProtocolError             bytes that are not valid pgoutput / replication protocol
+├── EventError                    one event cannot be published as it is: it goes to the dead-letter topic
+│   ├── MalformedEventError       a required column is null or has the wrong shape
+│   ├── SchemaNotFoundError       no schema for this event_type / schema_version
+│   ├── PayloadInvalidError       the payload does not fit its schema (or is not JSON)
+│   └── EventTooLargeError        the encoded record is above the producer's message.max.bytes
+├── SinkError                     the Kafka side
+│   ├── TopicMissingError         the topic does not exist and may not be created
+│   └── DeliveryError             Kafka reported a fatal or timed-out delivery: the pipeline stops
+└── CheckpointError               the acknowledgement bookkeeping was asked something impossible
+```
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnreachableError",
+    "CdcError",
+    "CheckpointError",
+    "ConfigError",
+    "DeliveryError",
+    "EventError",
+    "EventTooLargeError",
+    "MalformedEventError",
+    "PayloadInvalidError",
+    "ProtocolError",
+    "PublicationError",
+    "SchemaNotFoundError",
+    "SinkError",
+    "SlotActiveError",
+    "SlotInvalidatedError",
+    "SlotMissingError",
+    "SourceConnectionError",
+    "SourceError",
+    "StartupRefusal",
+    "TopicMissingError",
+    "WalLevelError",
+]
+
+
+class CdcError(Exception):
+    """Base of every error outbox CDC raises on purpose.
+
+    ``lsn`` is the WAL position the pipeline was at (an int, or None when it does not apply).
+    ``exit_code`` is what the CLI exits with when this error ends the process.
+    """
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, lsn: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.lsn = lsn
+
+    def __str__(self) -> str:
+        if self.lsn is None:
+            return self.message
+        return f"{self.message} (at LSN {format_lsn(self.lsn)})"
+
+
+class ConfigError(CdcError):
+    """A setting is missing, unknown or invalid. ``key`` names it."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class StartupRefusal(CdcError):
+    """The environment is not fit to stream. Raised before anything is read or confirmed."""
+
+    exit_code = 2
+
+
+class WalLevelError(StartupRefusal):
+    pass
+
+
+class SlotMissingError(StartupRefusal):
+    pass
+
+
+class SlotInvalidatedError(StartupRefusal):
+    pass
+
+
+class SlotActiveError(StartupRefusal):
+    pass
+
+
+class PublicationError(StartupRefusal):
+    pass
+
+
+class BrokerUnreachableError(StartupRefusal):
+    pass
+
+
+class SourceError(CdcError):
+    pass
+
+
+class SourceConnectionError(SourceError):
+    """The replication connection was lost or refused. The pipeline retries it with backoff."""
+
+
+class ProtocolError(SourceError):
+    """Bytes that do not parse as the replication or pgoutput protocol."""
+
+
+class EventError(CdcError):
+    """One event cannot be published as it is. ``reason`` is a short machine-readable word for the DLQ."""
+
+    reason: str = "invalid_event"
+
+
+class MalformedEventError(EventError):
+    reason = "malformed_event"
+
+
+class SchemaNotFoundError(EventError):
+    reason = "schema_not_found"
+
+
+class PayloadInvalidError(EventError):
+    reason = "payload_invalid"
+
+
+class EventTooLargeError(EventError):
+    reason = "too_large"
+
+
+class SinkError(CdcError):
+    pass
+
+
+class TopicMissingError(SinkError):
+    pass
+
+
+class DeliveryError(SinkError):
+    pass
+
+
+class CheckpointError(CdcError):
+    pass
+
+
+def format_lsn(lsn: int) -> str:
+    """Render an LSN the way PostgreSQL does: ``16/B374D848``."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    """Parse PostgreSQL's ``XXX/XXX`` LSN notation."""
+    high, sep, low = text.partition("/")
+    if not sep:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(high, 16) << 32) | int(low, 16)

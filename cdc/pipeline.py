@@ -1,0 +1,439 @@
+"""The long-lived pipeline: source → decode → route + encode → sink, with ack-gated checkpoints.
+
+One thread does everything that touches Python objects: it reads CopyData from the replication connection,
+decodes, encodes, produces, and serves Kafka's delivery reports inside ``poll()``. librdkafka's own threads do
+the network I/O to Kafka, and PostgreSQL's walsender decodes WAL in its own process, so the three stages
+overlap without a lock on our side.
+
+What may be confirmed to the slot is decided by :class:`cdc.checkpoint.AckTracker` alone; the pipeline sends
+its watermark in standby status updates at least every ``status_interval`` and whenever it moves.
+
+Failures: a lost PostgreSQL connection is retried with exponential backoff (the stream restarts from the
+slot, so nothing is skipped); a failed Kafka delivery stops the pipeline without confirming past it; a bad
+event goes to the dead-letter topic (or stops the pipeline when ``on_invalid_event = "stop"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from cdc.checkpoint import AckTracker, Transaction
+from cdc.config import Settings, describe_dsn
+from cdc.decode import (
+    Begin,
+    Commit,
+    Delete,
+    Keepalive,
+    LogicalMessage,
+    Relation,
+    Truncate,
+    Update,
+    XLogData,
+    decode,
+    decode_copy_data,
+    decode_insert_tuple,
+)
+from cdc.encode import AvroEncoder, SchemaStore
+from cdc.errors import (
+    CdcError,
+    DeliveryError,
+    EventError,
+    EventTooLargeError,
+    MalformedEventError,
+    SlotActiveError,
+    SourceConnectionError,
+    TopicMissingError,
+    format_lsn,
+)
+from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent
+from cdc.sink import Headers, KafkaSink
+from cdc.source import ReplicationSource, preflight
+
+log = logging.getLogger("cdc.pipeline")
+
+HEARTBEAT_PREFIX = "cdc-heartbeat"
+READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
+
+
+class _StopRequested(Exception):
+    """Internal: unwinds a wait (a full producer queue, a missing topic) when a stop was requested."""
+
+
+class Backoff:
+    """Exponential backoff: initial delay, multiplier, maximum."""
+
+    def __init__(self, initial: float, multiplier: float, maximum: float) -> None:
+        self.initial, self.multiplier, self.maximum = initial, multiplier, maximum
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.maximum, self.initial * self.multiplier**self.attempt)
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
+        self.settings = settings
+        self.router = EventRouter(settings)
+        self.encoder = AvroEncoder(SchemaStore(settings.schemas_dir))
+        self.sink = sink or KafkaSink(settings)
+        self.tracker = AckTracker()
+        self._backoff = Backoff(settings.backoff_initial, settings.backoff_multiplier, settings.backoff_max)
+        self._stop = False
+        self._source: ReplicationSource | None = None
+        self._received = 0  # the highest WAL position read from the stream
+        self._sent_confirmed = -1
+        self._txn: Transaction | None = None
+        self._txn_lsn = b""
+        self._txn_xid = b""
+        self._txn_ts_ms = 0
+        self.events_published = 0
+        self.events_dead_lettered = 0
+
+    # -- control ---------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler)."""
+        self._stop = True
+
+    @property
+    def confirmed_lsn(self) -> int:
+        return self.tracker.confirmed_lsn
+
+    def run(self) -> None:
+        """Stream until a stop is requested; raise a CdcError when the pipeline cannot go on."""
+        s = self.settings
+        log.info(
+            "starting: database %s, slot %s, publication %s, table %s, kafka %s",
+            describe_dsn(s.database_url),
+            s.slot,
+            s.publication,
+            s.table,
+            s.kafka.bootstrap_servers,
+        )
+        self.sink.check_broker(s.startup_timeout)
+        backoff = self._backoff
+        first = True
+        try:
+            while not self._stop:
+                try:
+                    self._session(first)
+                    break
+                except _StopRequested:
+                    break
+                except (SourceConnectionError, SlotActiveError) as exc:
+                    # A slot still held by our own dead walsender is transient after a lost connection;
+                    # at the first start it means another pipeline, which is a refusal.
+                    if first and (isinstance(exc, SlotActiveError) or self._source is None):
+                        raise
+                    self._close_source()
+                    self._drain_after_loss()
+                    delay = backoff.next_delay()
+                    log.warning(
+                        "PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, backoff.attempt
+                    )
+                    self._sleep(delay)
+                first = False
+        finally:
+            self._shutdown()
+
+    def _session(self, first: bool) -> None:
+        s = self.settings
+        info = preflight(
+            s.database_url, slot=s.slot, publication=s.publication, table=(s.table.schema, s.table.name)
+        )
+        self.tracker = AckTracker(max(info.confirmed_flush_lsn, self.tracker.confirmed_lsn))
+        self._sent_confirmed = -1
+        self._txn = None
+        source = ReplicationSource(s.database_url, slot=s.slot, publication=s.publication)
+        source.start()
+        self._source = source
+        self._backoff.reset()
+        log.info(
+            "slot %s: resuming after confirmed LSN %s%s",
+            s.slot,
+            format_lsn(info.confirmed_flush_lsn),
+            "" if first else " (reconnected)",
+        )
+        self._stream(source)
+
+    # -- the hot loop ----------------------------------------------------------------------------------
+
+    def _stream(self, source: ReplicationSource) -> None:
+        tracker = self.tracker
+        router = self.router
+        poll = self.sink.poll
+        status_interval = self.settings.status_interval
+        while not self._stop:
+            batch = source.read(READ_TIMEOUT)
+            for data in batch:
+                if data[0] == 0x77:  # 'w' XLogData: 1 tag byte + 24 bytes of envelope, then pgoutput
+                    self._received = int.from_bytes(data[1:9], "big")
+                    payload = data[25:]
+                    if payload[0] == 0x49:  # 'I': the common case, decoded without the generic dispatch
+                        oid, values = decode_insert_tuple(payload)
+                        if oid == router.outbox_oid:
+                            try:
+                                event = router.from_row(values)
+                            except MalformedEventError as exc:
+                                self._dead_letter_raw(exc)
+                                continue
+                            self._publish(event)
+                    else:
+                        self._handle(decode(payload))
+                else:
+                    message = decode_copy_data(data)
+                    if isinstance(message, Keepalive):
+                        tracker.keepalive(message.wal_end)
+                        if message.wal_end > self._received and tracker.idle:
+                            self._received = message.wal_end
+                        if message.reply_requested:
+                            self._send_status(force=True)
+                    elif isinstance(message, XLogData):  # pragma: no cover - handled above by the tag byte
+                        self._handle(decode(message.payload))
+            poll(0)
+            failure = tracker.failure
+            if failure is not None:
+                raise DeliveryError(
+                    f"Kafka refused an event of transaction {failure.xid}: "
+                    f"{_kafka_error_text(failure.error)}; stopping without confirming past it "
+                    "(a restart resumes from the slot)",
+                    lsn=failure.commit_lsn,
+                )
+            if self.sink.fatal_error is not None:
+                raise DeliveryError(
+                    f"the Kafka producer failed fatally: {self.sink.fatal_error.str()}",
+                    lsn=tracker.confirmed_lsn,
+                )
+            if tracker.confirmed_lsn != self._sent_confirmed or (
+                time.monotonic() - source.last_status_at >= status_interval
+            ):
+                self._send_status()
+
+    def _handle(self, message: object) -> None:
+        if isinstance(message, Begin):
+            self._txn = self.tracker.begin(message.xid, message.final_lsn, message.commit_time_us)
+            self._txn_lsn = format_lsn(message.final_lsn).encode()
+            self._txn_xid = str(message.xid).encode()
+            self._txn_ts_ms = message.commit_time_us // 1000
+        elif isinstance(message, Commit):
+            txn = self._txn
+            if txn is None:
+                raise CdcError("Commit without Begin on the replication stream", lsn=message.end_lsn)
+            self._txn = None
+            self.tracker.commit(txn, message.end_lsn)
+        elif isinstance(message, Relation):
+            if self.router.relation(message):
+                log.info(
+                    "outbox table %s.%s has relation id %d", message.namespace, message.name, message.oid
+                )
+        elif isinstance(message, LogicalMessage):
+            if message.prefix == MESSAGE_PREFIX:
+                if not message.transactional or self._txn is None:
+                    log.warning(
+                        "ignored a non-transactional 'outbox' message at %s: only transactional "
+                        "messages are events",
+                        format_lsn(message.lsn),
+                    )
+                    return
+                try:
+                    event = self.router.from_message(message.content)
+                except MalformedEventError as exc:
+                    self._dead_letter_raw(exc)
+                    return
+                self._publish(event)
+        elif isinstance(message, Update | Delete | Truncate):
+            log.debug("ignored %s on a published table: only inserts are events", type(message).__name__)
+
+    def _publish(self, event: OutboxEvent) -> None:
+        txn = self._txn
+        if txn is None:
+            raise CdcError("an outbox change arrived outside a transaction", lsn=self._received)
+        topic = self.router.topic(event.aggregate_type, event.event_type)
+        try:
+            value = self.encoder.encode(event.event_type, event.schema_version, event.payload)
+        except EventError as exc:
+            self._dead_letter(event, exc, topic)
+            return
+        headers: Headers = [
+            ("id", event.id.encode()),
+            ("event_type", event.event_type.encode()),
+            ("schema_version", str(event.schema_version).encode()),
+            ("aggregate_type", event.aggregate_type.encode()),
+            ("commit_lsn", self._txn_lsn),
+            ("xid", self._txn_xid),
+            *event.headers,
+        ]
+        self._produce(topic, event.aggregate_id, value, headers, txn)
+        self.events_published += 1
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        txn: Transaction,
+    ) -> None:
+        self._ensure_topic(topic)
+        txn.sent()
+        self.sink.produce(topic, key, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive)
+
+    # -- bad events ------------------------------------------------------------------------------------
+
+    def _dead_letter(self, event: OutboxEvent, exc: EventError, original_topic: str) -> None:
+        if self.settings.on_invalid_event == "stop":
+            raise exc
+        log.warning(
+            "event %s (%s v%d) goes to the dead-letter topic %s: %s",
+            event.id,
+            event.event_type,
+            event.schema_version,
+            self.settings.dlq_topic,
+            exc.reason,
+        )
+        headers: Headers = self._dlq_headers(exc, original_topic, event.id)
+        headers += [
+            ("event_type", event.event_type.encode()),
+            ("schema_version", str(event.schema_version).encode()),
+            ("aggregate_type", event.aggregate_type.encode()),
+            *event.headers,
+        ]
+        payload = None if isinstance(exc, EventTooLargeError) else event.payload
+        self._send_dead_letter(event.aggregate_id, payload, headers)
+
+    def _dead_letter_raw(self, exc: MalformedEventError) -> None:
+        if self.settings.on_invalid_event == "stop":
+            raise exc
+        log.warning(
+            "a malformed outbox change goes to the dead-letter topic %s: %s", self.settings.dlq_topic, exc
+        )
+        self._send_dead_letter(None, None, self._dlq_headers(exc, "", ""))
+
+    def _dlq_headers(self, exc: EventError, original_topic: str, event_id: str) -> Headers:
+        return [
+            ("error_class", type(exc).__name__.encode()),
+            ("error_reason", exc.reason.encode()),
+            ("error_message", exc.message.encode()),
+            ("original_topic", original_topic.encode()),
+            ("commit_lsn", self._txn_lsn),
+            ("xid", self._txn_xid),
+            ("id", event_id.encode()),
+        ]
+
+    def _send_dead_letter(self, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        txn = self._txn
+        if txn is None:
+            raise CdcError("a dead-letter event arrived outside a transaction", lsn=self._received)
+        self._produce(self.settings.dlq_topic, key, value, headers, txn)
+        self.events_dead_lettered += 1
+
+    # -- waiting and status ----------------------------------------------------------------------------
+
+    def _ensure_topic(self, topic: str) -> None:
+        try:
+            self.sink.ensure_topic(topic)
+            return
+        except TopicMissingError as exc:
+            first_error = exc
+        s = self.settings
+        backoff = Backoff(s.backoff_initial, s.backoff_multiplier, s.backoff_max)
+        log.warning("%s", first_error)
+        while True:
+            delay = backoff.next_delay()
+            self._sleep(delay, keep_alive=True)
+            if self._stop:
+                raise _StopRequested
+            try:
+                self.sink.ensure_topic(topic)
+                log.info("topic %s exists now; going on", topic)
+                return
+            except TopicMissingError:
+                log.warning(
+                    "topic %s still missing (attempt %d); checking again with backoff", topic, backoff.attempt
+                )
+
+    def _keep_alive(self) -> None:
+        """Called while waiting on Kafka: keep the replication connection's status updates flowing."""
+        if self._stop:
+            raise _StopRequested
+        source = self._source
+        if source is not None and time.monotonic() - source.last_status_at >= min(
+            1.0, self.settings.status_interval
+        ):
+            self._send_status(force=True)
+
+    def _send_status(self, force: bool = False) -> None:
+        source = self._source
+        if source is None:
+            return
+        confirmed = self.tracker.confirmed_lsn
+        source.send_status(max(self._received, confirmed), confirmed)
+        if confirmed != self._sent_confirmed:
+            log.debug("confirmed %s", format_lsn(confirmed))
+        self._sent_confirmed = confirmed
+
+    def _sleep(self, seconds: float, keep_alive: bool = False) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._stop and (left := deadline - time.monotonic()) > 0:
+            self.sink.poll(min(left, 0.2))
+            if keep_alive:
+                self._keep_alive()
+
+    # -- endings ---------------------------------------------------------------------------------------
+
+    def _drain_after_loss(self) -> None:
+        """After losing the source: let Kafka finish what it has, so the restarted stream's replays come
+        after, not interleaved with, the first copies (per-aggregate order across reconnects)."""
+        left = self.sink.flush(self.settings.shutdown_timeout)
+        if left:
+            raise DeliveryError(
+                f"{left} events still unacknowledged {self.settings.shutdown_timeout:g} s after "
+                "losing PostgreSQL; stopping",
+                lsn=self.tracker.confirmed_lsn,
+            )
+
+    def _close_source(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            source.close()
+
+    def _shutdown(self) -> None:
+        """Stop reading, wait (bounded) for what is in flight, confirm what was acknowledged, close."""
+        timeout = self.settings.shutdown_timeout
+        left = self.sink.flush(timeout)
+        if left:
+            log.warning(
+                "%d events not acknowledged within shutdown_timeout (%g s); they will be published "
+                "again after a restart",
+                left,
+                timeout,
+            )
+        if self._source is not None:
+            try:
+                self._send_status(force=True)
+            except SourceConnectionError as exc:
+                log.warning(
+                    "could not confirm %s at shutdown (%s): events after the slot's position will be "
+                    "published again",
+                    format_lsn(self.tracker.confirmed_lsn),
+                    exc,
+                )
+        self._close_source()
+        log.info(
+            "stopped: %d events published, %d dead-lettered, confirmed LSN %s",
+            self.events_published,
+            self.events_dead_lettered,
+            format_lsn(self.tracker.confirmed_lsn),
+        )
+
+
+def _kafka_error_text(error: object) -> str:
+    text: Callable[[], str] | None = getattr(error, "str", None)
+    return text() if callable(text) else str(error)

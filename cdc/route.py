@@ -1,0 +1,188 @@
+"""From decoded changes to outbox events, and from events to topics.
+
+Two things become events: an Insert into the configured outbox table (its columns found through the column
+map, presets ``default`` and ``debezium``), and a transactional logical decoding message with the prefix
+``outbox`` whose body is a JSON object with the same logical fields. Everything else on the stream (updates,
+deletes and truncates of the outbox, other prefixes) is not an event.
+
+Column values arrive as the text output of their types (bytes). The payload stays the bytes PostgreSQL sent
+(``jsonb`` text output) and is parsed once, by the encoder.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from cdc.config import ColumnMap, Settings
+from cdc.decode import Relation, Values
+from cdc.errors import ConfigError, MalformedEventError
+
+log = logging.getLogger("cdc.route")
+
+MESSAGE_PREFIX = "outbox"
+REQUIRED = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    id: str
+    aggregate_type: str
+    aggregate_id: bytes
+    event_type: str
+    schema_version: int
+    payload: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class EventRouter:
+    """Knows the outbox table's layout on the stream and the topic of each event."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._columns: ColumnMap = settings.columns
+        self._schema = settings.table.schema
+        self._table = settings.table.name
+        self._template = settings.topic_template
+        self._topics: dict[tuple[str, str], str] = {}
+        self.outbox_oid: int | None = None
+        # Positions of the logical fields in the table's tuples, set by the Relation message.
+        self._pos: tuple[int, ...] = ()
+        self._pos_version: int | None = None
+        self._pos_headers: int | None = None
+
+    def relation(self, rel: Relation) -> bool:
+        """Learn a relation's layout. Returns whether it is the outbox table."""
+        if rel.namespace != self._schema or rel.name != self._table:
+            return False
+        names = [c.name for c in rel.columns]
+        mapping = self._columns.as_dict()
+
+        def position(field: str) -> int | None:
+            column = mapping[field]
+            if column is None:
+                return None
+            try:
+                return names.index(column)
+            except ValueError:
+                raise ConfigError(
+                    f"the outbox table {rel.namespace}.{rel.name} has no column '{column}' for '{field}' "
+                    f"(its columns: {', '.join(names)}); fix the 'columns' setting (columns.{field})",
+                    key=f"columns.{field}",
+                ) from None
+
+        required = tuple(position(f) for f in REQUIRED)
+        self._pos = tuple(p for p in required if p is not None)
+        self._pos_version = position("schema_version")
+        self._pos_headers = position("headers")
+        self.outbox_oid = rel.oid
+        return True
+
+    def from_row(self, values: Values) -> OutboxEvent:
+        """The event of one outbox Insert."""
+        try:
+            id_, aggregate_type, aggregate_id, event_type, payload = (values[p] for p in self._pos)
+        except IndexError:
+            raise MalformedEventError("outbox row has fewer columns than its Relation message") from None
+        if (
+            type(id_) is not bytes
+            or type(aggregate_type) is not bytes
+            or type(aggregate_id) is not bytes
+            or type(event_type) is not bytes
+            or type(payload) is not bytes
+        ):
+            raise MalformedEventError(_null_message(self._columns, values, self._pos))
+        pv = self._pos_version
+        version = 1
+        if pv is not None:
+            raw = values[pv]
+            if type(raw) is not bytes:
+                raise MalformedEventError(f"outbox column '{self._columns.schema_version}' is null")
+            version = int(raw)
+        headers: tuple[tuple[str, bytes], ...] = ()
+        ph = self._pos_headers
+        if ph is not None:
+            raw_headers = values[ph]
+            if type(raw_headers) is bytes:
+                headers = parse_headers(raw_headers)
+        return OutboxEvent(
+            id_.decode(),
+            aggregate_type.decode(),
+            aggregate_id,
+            event_type.decode(),
+            version,
+            payload,
+            headers,
+        )
+
+    def from_message(self, content: bytes) -> OutboxEvent:
+        """The event of a transactional logical message with the prefix ``outbox``: a JSON object with
+        the fields id, aggregate_type, aggregate_id, event_type, payload, and optionally schema_version and
+        headers."""
+        try:
+            body = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise MalformedEventError("outbox logical message is not JSON") from None
+        if not isinstance(body, dict):
+            raise MalformedEventError("outbox logical message is not a JSON object")
+        missing = [f for f in REQUIRED if body.get(f) is None]
+        if missing:
+            raise MalformedEventError(f"outbox logical message lacks {', '.join(missing)}")
+        strings = {f: body[f] for f in ("id", "aggregate_type", "aggregate_id", "event_type")}
+        wrong = [f for f, v in strings.items() if not isinstance(v, str)]
+        if wrong:
+            raise MalformedEventError(f"outbox logical message field(s) {', '.join(wrong)} must be strings")
+        version = body.get("schema_version", 1)
+        if type(version) is not int:
+            raise MalformedEventError("outbox logical message field schema_version must be an integer")
+        headers = body.get("headers")
+        return OutboxEvent(
+            strings["id"],
+            strings["aggregate_type"],
+            strings["aggregate_id"].encode(),
+            strings["event_type"],
+            version,
+            orjson.dumps(body["payload"]),
+            header_pairs(headers) if isinstance(headers, dict) else (),
+        )
+
+    def topic(self, aggregate_type: str, event_type: str) -> str:
+        key = (aggregate_type, event_type)
+        topic = self._topics.get(key)
+        if topic is None:
+            topic = self._template.format(aggregate_type=aggregate_type, event_type=event_type)
+            self._topics[key] = topic
+        return topic
+
+
+def parse_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
+    """The row's ``headers`` jsonb as Kafka headers. Anything but a JSON object is ignored with a warning:
+    headers are metadata, and a bad one must not hold the event back."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        log.warning("outbox headers column is not JSON; headers ignored")
+        return ()
+    if not isinstance(data, dict):
+        log.warning("outbox headers column is not a JSON object; headers ignored")
+        return ()
+    return header_pairs(data)
+
+
+def header_pairs(data: dict[str, Any]) -> tuple[tuple[str, bytes], ...]:
+    return tuple(
+        (str(k), v.encode() if isinstance(v, str) else orjson.dumps(v))
+        for k, v in data.items()
+        if v is not None
+    )
+
+
+def _null_message(columns: ColumnMap, values: Values, positions: tuple[int, ...]) -> str:
+    nulls = [
+        columns.as_dict()[field] or field
+        for field, pos in zip(REQUIRED, positions, strict=True)
+        if type(values[pos]) is not bytes
+    ]
+    return f"outbox row has null or unsent value(s) in column(s) {', '.join(map(str, nulls))}"

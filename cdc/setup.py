@@ -1,0 +1,130 @@
+"""`cdc setup`: render the SQL scripts of ``slot_setup/`` with the configured names and apply them.
+
+The scripts are numbered and idempotent, so ``cdc setup`` may run on every deploy. Before anything, the
+server is checked for what logical decoding needs, and the fix is spelled out when it is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cdc.config import Settings
+from cdc.errors import CdcError, SourceConnectionError, WalLevelError
+from cdc.source import quote_ident, quote_literal
+
+log = logging.getLogger("cdc.setup")
+
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "slot_setup"
+_WHEN = re.compile(r"--\s*when:(\w+)\s*$")
+_MARKER = re.compile(r"\{\{(\w+)\}\}")
+
+
+@dataclass(frozen=True, slots=True)
+class SetupStep:
+    name: str
+    sql: str
+
+
+def script_dir() -> Path:
+    """slot_setup/ next to the package (a checkout) or in the working directory (an installed wheel)."""
+    for candidate in (SCRIPTS_DIR, Path.cwd() / "slot_setup"):
+        if candidate.is_dir():
+            return candidate
+    raise CdcError(
+        "the slot_setup/ SQL scripts were not found next to the package or in the working directory"
+    )
+
+
+def render(settings: Settings, directory: Path | None = None) -> list[SetupStep]:
+    """The scripts with every ``{{marker}}`` filled in, in their numbered order."""
+    columns = settings.columns.as_dict()
+    table = f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name)}"
+    values: dict[str, str] = {
+        "table": table,
+        "publication": quote_ident(settings.publication),
+        "publication_literal": quote_literal(settings.publication),
+        "slot_literal": quote_literal(settings.slot),
+        "index_created_at": quote_ident(f"{settings.table.name}_created_at_idx"),
+    }
+    values.update({f"col_{field}": quote_ident(name) for field, name in columns.items() if name is not None})
+    steps = []
+    for path in sorted((directory or script_dir()).glob("*.sql")):
+        lines = []
+        for line in path.read_text().splitlines():
+            when = _WHEN.search(line)
+            if when and columns.get(when.group(1)) is None:
+                continue
+            lines.append(_MARKER.sub(partial(_fill, values=values, path=path), line))
+        steps.append(SetupStep(path.name, "\n".join(lines) + "\n"))
+    return steps
+
+
+def _fill(match: re.Match[str], *, values: dict[str, str], path: Path) -> str:
+    try:
+        return values[match.group(1)]
+    except KeyError:
+        raise CdcError(f"{path.name}: unknown marker {{{{{match.group(1)}}}}}") from None
+
+
+def check_server(conn: psycopg.Connection[Any]) -> None:
+    """Refuse with the exact fix when the server cannot do logical decoding for us."""
+    wal_level = conn.execute("SHOW wal_level").fetchone()
+    if wal_level is None or wal_level[0] != "logical":
+        raise WalLevelError(
+            f"wal_level is '{wal_level[0] if wal_level else '?'}', logical decoding needs 'logical'. Run:\n"
+            "  ALTER SYSTEM SET wal_level = logical;\n"
+            "and restart PostgreSQL (a reload is not enough)."
+        )
+
+
+def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Apply the scripts; returns (script, outcome) pairs. With ``dry_run``, nothing is sent to the server."""
+    steps = render(settings)
+    if dry_run:
+        return [(step.name, step.sql) for step in steps]
+    try:
+        conn = psycopg.connect(settings.database_url, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        first = (str(exc).strip().splitlines() or ["connection failed"])[0]
+        raise SourceConnectionError(f"cannot connect to PostgreSQL: {first}") from exc
+    outcomes = []
+    with conn:
+        check_server(conn)
+        for step in steps:
+            before = _objects(conn, settings)
+            try:
+                conn.execute(step.sql.encode())
+            except psycopg.Error as exc:
+                raise CdcError(f"{step.name} failed: {exc.diag.message_primary or exc}") from exc
+            after = _objects(conn, settings)
+            created = sorted(k for k, present in after.items() if present and not before[k])
+            outcome = f"created {', '.join(created)}" if created else "already present"
+            log.debug("setup %s: %s", step.name, outcome)
+            outcomes.append((step.name, outcome))
+    return outcomes
+
+
+def _objects(conn: psycopg.Connection[Any], settings: Settings) -> dict[str, bool]:
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL,"
+        " EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s),"
+        " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)",
+        (
+            f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name)}",
+            settings.publication,
+            settings.slot,
+        ),
+    ).fetchone()
+    assert row is not None
+    return {
+        f"table {settings.table}": bool(row[0]),
+        f"publication {settings.publication}": bool(row[1]),
+        f"slot {settings.slot}": bool(row[2]),
+    }

@@ -1,0 +1,208 @@
+"""Kafka: an idempotent producer that never drops a record and never produces into a topic that is not there.
+
+The sink owns the confluent-kafka Producer and an AdminClient for topics. Delivery reports go straight to the
+callback the caller hands over (``checkpoint.Transaction.delivered``); they run inside ``poll()`` on the
+pipeline's thread, so the bookkeeping needs no lock.
+
+A full local queue (``BufferError``) is met by serving callbacks and trying again, with a ``waiting`` hook so
+the pipeline keeps the replication connection alive meanwhile; a record is never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+# NewTopic lives in confluent_kafka.admin at run time; its stubs just do not re-export it.
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from cdc.config import Settings
+from cdc.errors import BrokerUnreachableError, DeliveryError, SinkError, TopicMissingError
+
+log = logging.getLogger("cdc.sink")
+
+Headers = list[tuple[str, str | bytes | None]]
+DeliveryCallback = Callable[[Any, Any], None]
+
+# Settings the pipeline's guarantees rest on; config validation refuses attempts to override them.
+FIXED_PRODUCER_CONFIG: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    """The producer's librdkafka configuration: our defaults, then the user's `kafka.*` keys, then the
+    settings that guarantees depend on."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka.bootstrap_servers,
+        "compression.type": "lz4",
+        "linger.ms": 5,
+        "batch.num.messages": 10_000,
+        "batch.size": 1_000_000,
+        # Bounded in count and bytes: the in-flight window is what a restart may publish twice.
+        "queue.buffering.max.messages": settings.max_in_flight,
+        "queue.buffering.max.kbytes": 65_536,
+        "message.timeout.ms": int(settings.delivery_timeout * 1000),
+        "reconnect.backoff.ms": int(settings.backoff_initial * 1000),
+        "reconnect.backoff.max.ms": int(settings.backoff_max * 1000),
+        "client.id": "outbox-cdc",
+    }
+    conf.update(settings.kafka.extra)
+    conf.update(FIXED_PRODUCER_CONFIG)
+    return conf
+
+
+def admin_config(settings: Settings) -> dict[str, Any]:
+    """Connection and security settings only: producer tuning keys mean nothing to an admin client."""
+    conf: dict[str, Any] = {"bootstrap.servers": settings.kafka.bootstrap_servers}
+    for key, value in settings.kafka.extra.items():
+        if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.")):
+            conf[key] = value
+    return conf
+
+
+class KafkaSink:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.fatal_error: KafkaError | None = None
+        self._last_error_log = 0.0
+        conf = producer_config(settings)
+        conf["error_cb"] = self._on_error
+        try:
+            self._producer = Producer(conf)
+            self._admin = AdminClient(admin_config(settings))
+        except KafkaException as exc:
+            raise SinkError(f"cannot create the Kafka producer: {exc.args[0]}") from exc
+        self._known_topics: set[str] = set()
+        # Bound once: produce() runs once per event and attribute look-ups add up.
+        self._produce = self._producer.produce
+        self.poll = self._producer.poll
+
+    def check_broker(self, timeout: float) -> None:
+        """Refuse to start when Kafka does not answer (guarantee: never produce into the void)."""
+        try:
+            metadata = self._admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise BrokerUnreachableError(
+                f"Kafka at {self._settings.kafka.bootstrap_servers} did not answer within {timeout:g} s "
+                f"({_kafka_reason(exc)}). Check kafka.bootstrap_servers (CDC_KAFKA_BOOTSTRAP_SERVERS) and "
+                "that the broker is up"
+            ) from exc
+        self._known_topics.update(metadata.topics)
+
+    def ensure_topic(self, topic: str) -> None:
+        """Make sure ``topic`` exists: known, found in metadata, or created. Raises TopicMissingError when
+        it is absent and creating topics is switched off."""
+        if topic in self._known_topics:
+            return
+        try:
+            metadata = self._admin.list_topics(topic=topic, timeout=10)
+        except KafkaException as exc:
+            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
+        found = metadata.topics.get(topic)
+        if found is not None and found.error is None:
+            self._known_topics.add(topic)
+            return
+        if not self._settings.create_topics:
+            raise TopicMissingError(
+                f"topic '{topic}' does not exist and create_topics is off: create it, or set "
+                "create_topics = true; the event waits until then"
+            )
+        self._create_topic(topic)
+        self._known_topics.add(topic)
+
+    def _create_topic(self, topic: str) -> None:
+        s = self._settings
+        new = NewTopic(
+            topic, num_partitions=s.topic_partitions, replication_factor=s.topic_replication_factor
+        )
+        try:
+            self._admin.create_topics([new], operation_timeout=30)[topic].result(timeout=60)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return
+            raise SinkError(f"cannot create topic '{topic}': {_kafka_reason(exc)}") from exc
+        log.info(
+            "created topic %s (%d partitions, replication factor %d)",
+            topic,
+            s.topic_partitions,
+            s.topic_replication_factor,
+        )
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        timestamp_ms: int,
+        on_delivery: DeliveryCallback,
+        waiting: Callable[[], None],
+    ) -> None:
+        """Hand one record to the producer. When its queue is full, serve callbacks and retry; ``waiting``
+        is called between tries so the caller can keep other connections alive."""
+        try:
+            self._produce(topic, value, key, headers=headers, timestamp=timestamp_ms, on_delivery=on_delivery)
+            return
+        except BufferError:
+            pass
+        except KafkaException as exc:
+            raise DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}") from exc
+        started = time.monotonic()
+        while True:
+            self._producer.poll(0.05)
+            if self.fatal_error is not None:
+                raise DeliveryError(f"the Kafka producer failed fatally: {self.fatal_error.str()}")
+            waiting()
+            try:
+                self._produce(
+                    topic, value, key, headers=headers, timestamp=timestamp_ms, on_delivery=on_delivery
+                )
+            except BufferError:
+                waited = time.monotonic() - started
+                if waited > 5 and time.monotonic() - self._last_error_log > 10:
+                    self._last_error_log = time.monotonic()
+                    log.warning(
+                        "Kafka is not acknowledging: %d records queued for %.0f s; reading paused",
+                        len(self._producer),
+                        waited,
+                    )
+                continue
+            except KafkaException as exc:
+                raise DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}") from exc
+            return
+
+    def queued(self) -> int:
+        """Records handed to the producer and not yet acknowledged or failed."""
+        return len(self._producer)
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for outstanding deliveries; returns how many are left."""
+        return int(self._producer.flush(timeout))
+
+    def close(self, timeout: float = 0) -> int:
+        """Serve the last callbacks. Returns the records left undelivered (they will be replayed)."""
+        left = self.flush(timeout)
+        if left:
+            self._producer.purge()
+            self._producer.poll(0)
+        return left
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal_error = err
+            log.error("Kafka producer fatal error: %s", err.str())
+            return
+        now = time.monotonic()
+        # librdkafka reconnects on its own; say so at most every few seconds rather than per attempt.
+        if now - self._last_error_log > 5:
+            self._last_error_log = now
+            log.warning("Kafka: %s (librdkafka retries with backoff)", err.str())
+
+
+def _kafka_reason(exc: KafkaException) -> str:
+    err = exc.args[0] if exc.args else None
+    return err.str() if isinstance(err, KafkaError) else str(exc)

@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# The local development stack, without Docker: a PostgreSQL cluster and an Apache Kafka broker (KRaft), both
+# of the project's own, on loopback, with their state under .stack/.
+#
+#   stack/stack.sh up       start what is not running yet (idempotent), then write .stack/env
+#   stack/stack.sh down     stop only the processes this script started (pid files)
+#   stack/stack.sh status   say what runs, and where its log is
+#
+# Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT and
+# CDC_STACK_KAFKA_CONTROLLER_PORT.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+STACK_DIR=${CDC_STACK_DIR:-$ROOT/.stack}
+PG_PORT=${CDC_STACK_PG_PORT:-55432}
+KAFKA_PORT=${CDC_STACK_KAFKA_PORT:-59092}
+KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-59093}
+PG_DB=cdc
+PG_SUPERUSER=postgres
+
+PG_DATA=$STACK_DIR/pg
+PG_RUN=$STACK_DIR/run
+PG_LOG=$STACK_DIR/logs/postgres.log
+KAFKA_HOME=$STACK_DIR/kafka
+KAFKA_LIBS=$KAFKA_HOME/libs
+KAFKA_DATA=$KAFKA_HOME/data
+KAFKA_LOG=$STACK_DIR/logs/kafka.log
+KAFKA_PID=$STACK_DIR/kafka.pid
+
+say() { printf 'stack: %s\n' "$*"; }
+fail() {
+    printf 'stack: FAILED: %s\n' "$1" >&2
+    [ -n "${2:-}" ] && printf 'stack: see the log at %s\n' "$2" >&2 && [ -f "$2" ] && tail -n 20 "$2" >&2
+    exit 1
+}
+
+is_root() { [ "$(id -u)" = 0 ]; }
+
+# PostgreSQL refuses to run as root; as root we run it as the 'postgres' user that Debian's package creates.
+as_pg() {
+    if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+apt_install() {
+    is_root || fail "please install the Debian packages: $* (needs root: sudo apt-get install -y $*)"
+    say "installing $* from Debian's packages"
+    if ! { apt-get install -y -q --no-install-recommends "$@" >"$STACK_DIR/logs/apt.log" 2>&1; }; then
+        apt-get update -q >>"$STACK_DIR/logs/apt.log" 2>&1 || true
+        apt-get install -y -q --no-install-recommends "$@" >>"$STACK_DIR/logs/apt.log" 2>&1 ||
+            fail "apt-get install $* failed" "$STACK_DIR/logs/apt.log"
+    fi
+}
+
+pg_bindir() {
+    local initdb
+    initdb=$(ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1 || true)
+    [ -n "$initdb" ] && dirname "$initdb"
+}
+
+ensure_postgres_installed() {
+    if [ -z "$(pg_bindir)" ]; then
+        apt_install postgresql
+    fi
+    PG_BIN=$(pg_bindir)
+    [ -n "$PG_BIN" ] || fail "PostgreSQL's server binaries (initdb) are not under /usr/lib/postgresql/*/bin"
+}
+
+pg_running() { [ -f "$PG_DATA/PG_VERSION" ] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; }
+
+pg_password() { cat "$STACK_DIR/pg-password"; }
+
+init_postgres() {
+    [ -f "$PG_DATA/PG_VERSION" ] && return 0
+    say "creating a PostgreSQL cluster in $PG_DATA"
+    if is_root; then
+        id postgres >/dev/null 2>&1 || fail "the 'postgres' system user is missing (reinstall Debian's postgresql package)"
+        runuser -u postgres -- test -x "$STACK_DIR" ||
+            fail "the 'postgres' user cannot enter $STACK_DIR: make its parent directories world-executable (chmod o+x)"
+    fi
+    if [ ! -f "$STACK_DIR/pg-password" ]; then
+        (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '+/=' >"$STACK_DIR/pg-password")
+    fi
+    mkdir -p "$PG_DATA" "$PG_RUN"
+    chmod 700 "$PG_DATA"
+    local pwfile="$PG_RUN/.pwfile"
+    (umask 077 && cat "$STACK_DIR/pg-password" >"$pwfile")
+    if is_root; then chown postgres: "$PG_DATA" "$PG_RUN" "$pwfile"; fi
+    as_pg "$PG_BIN/initdb" -D "$PG_DATA" -U "$PG_SUPERUSER" --pwfile="$pwfile" -A scram-sha-256 \
+        --auth-local=trust -E UTF8 --locale=C.UTF-8 >"$STACK_DIR/logs/initdb.log" 2>&1 ||
+        fail "initdb failed" "$STACK_DIR/logs/initdb.log"
+    rm -f "$pwfile"
+    # Logical decoding needs wal_level = logical; slots and senders leave room for many parallel test slots.
+    cat >>"$PG_DATA/postgresql.conf" <<EOF
+
+# --- outbox CDC local stack ---
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PG_RUN'
+wal_level = logical
+max_replication_slots = 64
+max_wal_senders = 64
+max_connections = 200
+wal_sender_timeout = 60s
+log_min_messages = warning
+log_line_prefix = '%m [%p] %q%u@%d '
+EOF
+    cat >"$PG_DATA/pg_hba.conf" <<EOF
+# TCP is password-authenticated; the Unix socket under .stack/run is for the stack script only.
+local   all             all                                     trust
+local   replication     all                                     trust
+host    all             all             127.0.0.1/32            scram-sha-256
+host    replication     all             127.0.0.1/32            scram-sha-256
+EOF
+}
+
+start_postgres() {
+    ensure_postgres_installed
+    init_postgres
+    if pg_running; then
+        say "postgres already running on 127.0.0.1:$PG_PORT"
+    else
+        say "starting postgres on 127.0.0.1:$PG_PORT"
+        mkdir -p "$PG_RUN"
+        touch "$PG_LOG"
+        if is_root; then chown postgres: "$PG_RUN" "$PG_LOG"; fi
+        as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start >/dev/null ||
+            fail "postgres did not start" "$PG_LOG"
+    fi
+    local i
+    for i in $(seq 1 60); do
+        as_pg "$PG_BIN/pg_isready" -q -h "$PG_RUN" -p "$PG_PORT" && break
+        [ "$i" = 60 ] && fail "postgres does not answer on 127.0.0.1:$PG_PORT" "$PG_LOG"
+        sleep 0.5
+    done
+    if ! as_pg "$PG_BIN/psql" -h "$PG_RUN" -p "$PG_PORT" -U "$PG_SUPERUSER" -d postgres -tAc \
+        "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" | grep -q 1; then
+        as_pg "$PG_BIN/psql" -q -h "$PG_RUN" -p "$PG_PORT" -U "$PG_SUPERUSER" -d postgres \
+            -c "CREATE DATABASE $PG_DB" >/dev/null || fail "could not create database $PG_DB" "$PG_LOG"
+    fi
+}
+
+stop_postgres() {
+    PG_BIN=$(pg_bindir || true)
+    if [ -n "${PG_BIN:-}" ] && pg_running; then
+        say "stopping postgres"
+        as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 60 stop >/dev/null || fail "postgres did not stop" "$PG_LOG"
+    else
+        say "postgres is not running"
+    fi
+}
+
+java_major() {
+    command -v java >/dev/null 2>&1 || { echo 0; return; }
+    java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
+}
+
+ensure_kafka_installed() {
+    if [ "$(java_major)" -lt 17 ]; then apt_install openjdk-17-jre-headless; fi
+    local want
+    want=$(sha256sum "$ROOT/stack/kafka/pom.xml" | cut -d' ' -f1)
+    if [ -f "$KAFKA_LIBS/.resolved" ] && [ "$(cat "$KAFKA_LIBS/.resolved")" = "$want" ]; then
+        return 0
+    fi
+    command -v mvn >/dev/null 2>&1 || apt_install maven
+    say "resolving the Kafka broker's jars from Maven Central (first run only)"
+    rm -rf "$KAFKA_LIBS"
+    mkdir -p "$KAFKA_LIBS"
+    mvn -q -B -f "$ROOT/stack/kafka/pom.xml" dependency:copy-dependencies \
+        -DoutputDirectory="$KAFKA_LIBS" -DincludeScope=runtime >"$STACK_DIR/logs/maven.log" 2>&1 ||
+        fail "mvn could not resolve org.apache.kafka:kafka_2.13" "$STACK_DIR/logs/maven.log"
+    echo "$want" >"$KAFKA_LIBS/.resolved"
+}
+
+kafka_running() { [ -f "$KAFKA_PID" ] && kill -0 "$(cat "$KAFKA_PID")" 2>/dev/null; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+kafka_java_args() {
+    KAFKA_JAVA=(java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
+        -Dlog4j2.configurationFile="$ROOT/stack/kafka/log4j2.properties" -cp "$KAFKA_LIBS/*")
+}
+
+start_kafka() {
+    ensure_kafka_installed
+    if kafka_running; then
+        say "kafka already running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$KAFKA_PID"))"
+        return 0
+    fi
+    if port_open "$KAFKA_PORT"; then
+        fail "port $KAFKA_PORT is taken by a process this stack did not start (set CDC_STACK_KAFKA_PORT)"
+    fi
+    mkdir -p "$KAFKA_DATA"
+    kafka_java_args
+    sed -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
+        -e "s|@DATA_DIR@|$KAFKA_DATA|g" "$ROOT/stack/kafka/server.properties.in" >"$KAFKA_HOME/server.properties"
+    if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
+        say "formatting Kafka storage (KRaft, standalone controller)"
+        local cluster_id
+        cluster_id=$("${KAFKA_JAVA[@]}" kafka.tools.StorageTool random-uuid 2>>"$KAFKA_LOG" | tail -n 1)
+        "${KAFKA_JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$cluster_id" \
+            -c "$KAFKA_HOME/server.properties" >>"$KAFKA_LOG" 2>&1 || fail "kafka storage format failed" "$KAFKA_LOG"
+    fi
+    say "starting kafka on 127.0.0.1:$KAFKA_PORT"
+    # setsid: the broker must outlive this script but not take its terminal's signals.
+    setsid "${KAFKA_JAVA[@]}" kafka.Kafka "$KAFKA_HOME/server.properties" >"$KAFKA_LOG" 2>&1 </dev/null &
+    echo $! >"$KAFKA_PID"
+    local i
+    for i in $(seq 1 120); do
+        if ! kafka_running; then rm -f "$KAFKA_PID"; fail "kafka exited during start-up" "$KAFKA_LOG"; fi
+        if port_open "$KAFKA_PORT" && grep -q "Kafka Server started" "$KAFKA_LOG"; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    fail "kafka does not answer on 127.0.0.1:$KAFKA_PORT after 60 s" "$KAFKA_LOG"
+}
+
+stop_kafka() {
+    if ! kafka_running; then
+        rm -f "$KAFKA_PID"
+        say "kafka is not running"
+        return 0
+    fi
+    local pid i
+    pid=$(cat "$KAFKA_PID")
+    say "stopping kafka (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 60); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        say "kafka did not stop in 30 s; killing it"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$KAFKA_PID"
+}
+
+write_env() {
+    local url="postgresql://$PG_SUPERUSER:$(pg_password)@127.0.0.1:$PG_PORT/$PG_DB"
+    (
+        umask 077
+        cat >"$STACK_DIR/env" <<EOF
+# Written by 'make stack-up'. Source it: . .stack/env
+export CDC_DATABASE_URL='$url'
+export CDC_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:$KAFKA_PORT'
+export CDC_STACK_PG_BIN='$PG_BIN'
+export CDC_STACK_PG_SOCKET_DIR='$PG_RUN'
+export CDC_STACK_PG_PORT='$PG_PORT'
+export CDC_STACK_KAFKA_LIBS='$KAFKA_LIBS'
+EOF
+    )
+}
+
+cmd_up() {
+    mkdir -p "$STACK_DIR/logs"
+    start_postgres
+    start_kafka
+    write_env
+    say "ready: postgres 127.0.0.1:$PG_PORT, kafka 127.0.0.1:$KAFKA_PORT; settings in $STACK_DIR/env"
+}
+
+cmd_down() {
+    mkdir -p "$STACK_DIR/logs"
+    stop_kafka
+    stop_postgres
+}
+
+cmd_status() {
+    local rc=0
+    PG_BIN=$(pg_bindir || true)
+    if [ -n "${PG_BIN:-}" ] && pg_running; then
+        say "postgres: running on 127.0.0.1:$PG_PORT (log $PG_LOG)"
+    else
+        say "postgres: stopped"
+        rc=1
+    fi
+    if kafka_running; then
+        say "kafka:    running on 127.0.0.1:$KAFKA_PORT, pid $(cat "$KAFKA_PID") (log $KAFKA_LOG)"
+    else
+        say "kafka:    stopped"
+        rc=1
+    fi
+    return $rc
+}
+
+case "${1:-}" in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    *)
+        echo "usage: stack/stack.sh up|down|status" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,7 @@
+"""Service fixtures live in plugin modules; this file only registers them."""
+
+pytest_plugins = [
+    "tests.plugins.services",
+    "tests.plugins.postgres",
+    "tests.plugins.kafka",
+]

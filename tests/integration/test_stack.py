@@ -1,0 +1,74 @@
+"""The fixtures against the real services: if these fail, every other integration test is meaningless."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+from confluent_kafka import Producer
+from psycopg import sql
+
+
+def test_postgres_round_trips_a_row(pg_conn, table_name):
+    pg_conn.execute(
+        sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, body text)").format(sql.Identifier(table_name))
+    )
+    marker = uuid.uuid4().hex
+    pg_conn.execute(sql.SQL("INSERT INTO {} VALUES (1, %s)").format(sql.Identifier(table_name)), (marker,))
+    row = pg_conn.execute(
+        sql.SQL("SELECT body FROM {} WHERE id = 1").format(sql.Identifier(table_name))
+    ).fetchone()
+    assert row == (marker,)
+
+
+def test_logical_slot_is_created_read_and_dropped(
+    pg_conn, pg_database, table_name, publication_name, slot_name
+):
+    table = sql.Identifier(table_name)
+    pg_conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, body text)").format(table))
+    pg_conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(publication_name), table)
+    )
+    pg_conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot_name,))
+    marker = uuid.uuid4().hex
+    pg_conn.execute(sql.SQL("INSERT INTO {} VALUES (7, %s)").format(table), (marker,))
+
+    changes = pg_conn.execute(
+        "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL,"
+        " 'proto_version', '1', 'publication_names', %s)",
+        (slot_name, publication_name),
+    ).fetchall()
+    kinds = [bytes(data)[:1] for (data,) in changes]
+    assert kinds == [b"B", b"R", b"I", b"C"]
+    insert = bytes(changes[2][0])
+    assert marker.encode() in insert
+
+    pg_conn.execute("SELECT pg_drop_replication_slot(%s)", (slot_name,))
+    left = pg_conn.execute(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)
+    ).fetchone()
+    assert left == (0,)
+
+
+def test_replication_connection_opens(pg_database):
+    with psycopg.connect(pg_database, replication="database", autocommit=True) as conn:
+        system = conn.execute("IDENTIFY_SYSTEM").fetchone()
+    assert system is not None and system[3] is not None  # dbname: a database-bound replication connection
+
+
+def test_kafka_produces_and_consumes(kafka_bootstrap, topic_factory, consume):
+    topic = topic_factory(partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    sent = [(f"k{i}".encode(), uuid.uuid4().bytes) for i in range(10)]
+    for key, value in sent:
+        producer.produce(topic, key=key, value=value, headers=[("h", key)])
+    assert producer.flush(30) == 0
+
+    records = consume(topic, n=len(sent), timeout=30)
+    assert sorted((r.key, r.value) for r in records) == sorted(sent)
+    assert all(r.headers["h"] == r.key for r in records)
+
+
+def test_consume_stops_at_timeout_with_what_it_has(topic_factory, consume):
+    topic = topic_factory()
+    assert consume(topic, n=1, timeout=2) == []

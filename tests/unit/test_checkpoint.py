@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cdc.checkpoint import AckTracker
+from cdc.errors import CheckpointError
+
+
+def run_txn(tracker: AckTracker, xid: int, events: int, end_lsn: int):
+    txn = tracker.begin(xid, end_lsn - 8, 0)
+    for _ in range(events):
+        txn.sent()
+    tracker.commit(txn, end_lsn)
+    return txn
+
+
+def test_empty_transaction_confirms_at_commit():
+    tracker = AckTracker(confirmed_lsn=100)
+    run_txn(tracker, 1, 0, 200)
+    assert tracker.confirmed_lsn == 200
+    assert tracker.idle
+
+
+def test_commit_waits_for_every_ack_of_the_transaction():
+    tracker = AckTracker(100)
+    txn = run_txn(tracker, 1, 3, 200)
+    txn.delivered(None)
+    txn.delivered(None)
+    assert tracker.confirmed_lsn == 100
+    txn.delivered(None)
+    assert tracker.confirmed_lsn == 200
+    assert tracker.in_flight == 0
+
+
+def test_acks_before_commit_do_not_confirm():
+    tracker = AckTracker(100)
+    txn = tracker.begin(1, 190, 0)
+    txn.sent()
+    txn.delivered(None)
+    assert tracker.confirmed_lsn == 100
+    tracker.commit(txn, 200)
+    assert tracker.confirmed_lsn == 200
+
+
+def test_later_transaction_acked_first_waits_for_the_earlier():
+    tracker = AckTracker(100)
+    first = run_txn(tracker, 1, 2, 200)
+    second = run_txn(tracker, 2, 1, 300)
+    second.delivered(None)
+    assert tracker.confirmed_lsn == 100
+    first.delivered(None)
+    assert tracker.confirmed_lsn == 100
+    first.delivered(None)
+    assert tracker.confirmed_lsn == 300
+
+
+def test_random_ack_order_never_passes_an_unacked_event():
+    rng = random.Random(7)
+    tracker = AckTracker(0)
+    txns = [run_txn(tracker, i, rng.randint(0, 5), (i + 1) * 100) for i in range(50)]
+    acks = [t for t in txns for _ in range(t.outstanding)]
+    rng.shuffle(acks)
+    remaining = {t.xid: t.outstanding for t in txns}
+    for txn in acks:
+        txn.delivered(None)
+        remaining[txn.xid] -= 1
+        first_unacked = next((t for t in txns if remaining[t.xid]), None)
+        if first_unacked is None:
+            assert tracker.confirmed_lsn == txns[-1].end_lsn
+        else:
+            assert tracker.confirmed_lsn < first_unacked.end_lsn
+            earlier = [t.end_lsn for t in txns if t.end_lsn < first_unacked.end_lsn]
+            assert tracker.confirmed_lsn == (earlier[-1] if earlier else 0)
+
+
+def test_failed_delivery_blocks_the_watermark_and_is_recorded():
+    tracker = AckTracker(100)
+    first = run_txn(tracker, 1, 2, 200)
+    second = run_txn(tracker, 2, 1, 300)
+    first.delivered(None)
+    first.delivered("broker said no")
+    second.delivered(None)
+    assert tracker.confirmed_lsn == 100
+    assert tracker.failure is not None
+    assert tracker.failure.xid == 1 and tracker.failure.error == "broker said no"
+
+
+def test_keepalive_confirms_only_when_nothing_is_open_or_pending():
+    tracker = AckTracker(100)
+    assert tracker.keepalive(150)
+    assert tracker.confirmed_lsn == 150
+    txn = tracker.begin(1, 190, 0)
+    assert not tracker.keepalive(500)
+    txn.sent()
+    tracker.commit(txn, 200)
+    assert not tracker.keepalive(500)
+    assert tracker.confirmed_lsn == 150
+    txn.delivered(None)
+    assert tracker.confirmed_lsn == 200
+    assert tracker.keepalive(500)
+    assert tracker.confirmed_lsn == 500
+
+
+def test_confirmed_lsn_never_moves_back():
+    tracker = AckTracker(1000)
+    tracker.keepalive(10)
+    run_txn(tracker, 1, 0, 500)
+    assert tracker.confirmed_lsn == 1000
+
+
+def test_begin_inside_an_open_transaction_is_an_error():
+    tracker = AckTracker()
+    tracker.begin(1, 10, 0)
+    with pytest.raises(CheckpointError, match="still open"):
+        tracker.begin(2, 20, 0)
+
+
+def test_commit_of_a_transaction_that_is_not_open_is_an_error():
+    tracker = AckTracker()
+    txn = run_txn(tracker, 1, 0, 10)
+    with pytest.raises(CheckpointError, match="not the open one"):
+        tracker.commit(txn, 10)

@@ -1,0 +1,381 @@
+"""Unit tests of cdc.config: defaults, precedence, rejections, columns, redaction, Kafka passthrough."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from cdc.config import (
+    ColumnMap,
+    KafkaSettings,
+    Settings,
+    TableRef,
+    describe_dsn,
+    load_settings,
+    redact_dsn,
+    validate_kafka_config,
+)
+from cdc.errors import ConfigError
+
+DSN = "postgresql://cdc@localhost:5432/app"
+SECRET = "s3cr3t-PLANT"
+
+
+def load(tmp_path: Path, toml: str | None = None, env: dict[str, str] | None = None,
+         overrides: Mapping[str, object] | None = None, *, with_dsn: bool = True) -> Settings:
+    config_file = None
+    if toml is not None:
+        config_file = tmp_path / "cdc.toml"
+        config_file.write_text(toml, encoding="utf-8")
+    environ = {"CDC_DATABASE_URL": DSN} if with_dsn else {}
+    environ.update(env or {})
+    return load_settings(config_file=config_file, environ=environ, overrides=overrides or {})
+
+
+def rejected(tmp_path: Path, toml: str | None = None, env: dict[str, str] | None = None,
+             overrides: Mapping[str, object] | None = None, *, with_dsn: bool = True) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, toml, env, overrides, with_dsn=with_dsn)
+    assert info.value.exit_code == 2
+    return info.value
+
+
+# --- defaults -------------------------------------------------------------------------------------------
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = load(tmp_path)
+    assert s.database_url == DSN
+    assert s.kafka == KafkaSettings(bootstrap_servers="localhost:9092")
+    assert dict(s.kafka.extra) == {}
+    assert (s.slot, s.publication) == ("cdc_outbox", "cdc_outbox")
+    assert s.table == TableRef(schema="public", name="outbox") and str(s.table) == "public.outbox"
+    assert s.columns == ColumnMap()
+    assert s.columns.schema_version == "schema_version" and s.columns.created_at == "created_at"
+    assert s.schemas_dir == Path("schemas")
+    assert s.topic_template == "outbox.event.{aggregate_type}"
+    assert s.dlq_topic == "outbox.dlq"
+    assert s.value_format == "single-object" and s.schema_registry_url is None
+    assert (s.topic_partitions, s.topic_replication_factor, s.create_topics) == (3, 1, True)
+    assert s.metrics_port is None
+    assert (s.status_interval, s.shutdown_timeout, s.delivery_timeout, s.startup_timeout) == (10, 30, 120, 30)
+    assert (s.backoff_initial, s.backoff_multiplier, s.backoff_max) == (0.5, 2.0, 30.0)
+    assert s.max_in_flight == 100_000 and s.heartbeat_interval == 30.0
+    assert (s.on_invalid_event, s.log_level, s.log_format) == ("dlq", "INFO", "text")
+    assert dict(s.sources) == {"database_url": "from CDC_DATABASE_URL"}
+    assert json.loads(json.dumps(s.redacted()))["kafka"] == {"bootstrap_servers": "localhost:9092"}
+
+
+def test_settings_are_frozen_and_keyword_only(tmp_path: Path) -> None:
+    s = load(tmp_path, overrides={"kafka.linger.ms": "5"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.slot = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        s.kafka.extra["linger.ms"] = "10"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        Settings(DSN)  # type: ignore[call-arg]
+    assert Settings(database_url=DSN).slot == "cdc_outbox"
+
+
+# --- precedence -----------------------------------------------------------------------------------------
+
+
+def test_file_then_env_then_overrides(tmp_path: Path) -> None:
+    toml = ('slot = "from_file"\npublication = "pub_file"\ntable = "app.events"\n'
+            '[kafka]\nbootstrap_servers = "f:1"\n')
+    s = load(tmp_path, toml)
+    assert (s.slot, s.publication, s.kafka.bootstrap_servers) == ("from_file", "pub_file", "f:1")
+    assert s.table == TableRef(schema="app", name="events")
+    env = {"CDC_SLOT": "from_env", "CDC_KAFKA_BOOTSTRAP_SERVERS": "e:1"}
+    s = load(tmp_path, toml, env)
+    assert (s.slot, s.publication, s.kafka.bootstrap_servers) == ("from_env", "pub_file", "e:1")
+    overrides = {"slot": "from_flag", "kafka.bootstrap_servers": "o:1", "publication": None}
+    s = load(tmp_path, toml, env, overrides)
+    assert (s.slot, s.publication, s.kafka.bootstrap_servers) == ("from_flag", "pub_file", "o:1")
+    assert s.sources["slot"] == "from the overrides"
+    assert s.sources["publication"] == f"in {tmp_path / 'cdc.toml'}"
+    assert s.sources["kafka.bootstrap_servers"] == "from the overrides"
+
+
+def test_database_url_from_file_and_cdc_config(tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere.toml"
+    path.write_text(f'database_url = "{DSN}"\nslot = "via_cdc_config"\n', encoding="utf-8")
+    s = load_settings(config_file=None, environ={"CDC_CONFIG": str(path)}, overrides={})
+    assert (s.database_url, s.slot) == (DSN, "via_cdc_config")
+
+
+def test_env_strings_are_converted(tmp_path: Path) -> None:
+    env = {"CDC_STATUS_INTERVAL": "2.5", "CDC_METRICS_PORT": "9100", "CDC_CREATE_TOPICS": "false",
+           "CDC_TOPIC_PARTITIONS": "12", "CDC_SCHEMAS_DIR": "/srv/schemas", "CDC_LOG_LEVEL": "debug",
+           "CDC_VALUE_FORMAT": "confluent", "CDC_SCHEMA_REGISTRY_URL": "http://registry:8081",
+           "CDC_TOPIC_TEMPLATE": "ev.{aggregate_type}.{event_type}", "CDC_DLQ_TOPIC": "dead",
+           "CDC_UNRELATED_THING": "ignored", "CDC_SLOT": ""}
+    s = load(tmp_path, env=env)
+    assert (s.status_interval, s.metrics_port, s.create_topics, s.topic_partitions) == (2.5, 9100, False, 12)
+    assert s.schemas_dir == Path("/srv/schemas") and s.log_level == "DEBUG"
+    assert (s.value_format, s.schema_registry_url) == ("confluent", "http://registry:8081")
+    assert s.topic_template == "ev.{aggregate_type}.{event_type}"
+    assert (s.dlq_topic, s.slot) == ("dead", "cdc_outbox")
+
+
+def test_typed_overrides_and_kafka_table(tmp_path: Path) -> None:
+    toml = '[kafka]\nlinger.ms = 20\n"compression.type" = "lz4"\nenable.idempotence = true\n'
+    overrides = {"metrics_port": 9200, "shutdown_timeout": 5, "kafka": {"acks": "all"}}
+    s = load(tmp_path, toml, overrides=overrides)
+    assert s.metrics_port == 9200 and s.shutdown_timeout == 5.0
+    assert dict(s.kafka.extra) == {"linger.ms": "20", "compression.type": "lz4", "enable.idempotence": "true",
+                                   "acks": "all"}
+
+
+# --- rejections -----------------------------------------------------------------------------------------
+
+
+def test_missing_database_url(tmp_path: Path) -> None:
+    err = rejected(tmp_path, with_dsn=False)
+    assert err.key == "database_url"
+    assert str(err) == ("setting 'database_url' is required: set CDC_DATABASE_URL or database_url in the "
+                        "config file")
+
+
+def test_unknown_key_in_file_suggests(tmp_path: Path) -> None:
+    err = rejected(tmp_path, 'slott = "x"\n')
+    assert err.key == "slott"
+    assert str(err) == f"unknown setting 'slott' in {tmp_path / 'cdc.toml'}; did you mean 'slot'?"
+    assert rejected(tmp_path, "[slot]\nname = 1\n").key == "slot.name"
+
+
+def test_unknown_override(tmp_path: Path) -> None:
+    err = rejected(tmp_path, overrides={"dlq_topik": "x"})
+    assert err.key == "dlq_topik" and "did you mean 'dlq_topic'?" in str(err)
+
+
+def test_wrong_type_in_file(tmp_path: Path) -> None:
+    err = rejected(tmp_path, 'status_interval = "abc"\n')
+    assert err.key == "status_interval"
+    assert "setting 'status_interval'" in str(err) and "must be a number of seconds, got 'abc'" in str(err)
+    assert rejected(tmp_path, "slot = 5\n").key == "slot"
+    assert rejected(tmp_path, 'kafka = "x"\n').key == "kafka"
+
+
+def test_wrong_type_from_env_names_the_variable(tmp_path: Path) -> None:
+    err = rejected(tmp_path, env={"CDC_STATUS_INTERVAL": "abc"})
+    assert err.key == "status_interval"
+    assert str(err) == ("setting 'status_interval' (from CDC_STATUS_INTERVAL) must be a number of seconds, "
+                        "got 'abc'")
+    assert "CDC_TOPIC_PARTITIONS" in str(rejected(tmp_path, env={"CDC_TOPIC_PARTITIONS": "three"}))
+    assert "CDC_CREATE_TOPICS" in str(rejected(tmp_path, env={"CDC_CREATE_TOPICS": "maybe"}))
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    ("value_format", "avro", "'single-object', 'confluent'"),
+    ("on_invalid_event", "drop", "'dlq', 'stop'"),
+    ("log_format", "xml", "'text', 'json'"),
+    ("log_level", "loud", "'DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL'"),
+])
+def test_bad_enum_lists_allowed_values(tmp_path: Path, key: str, value: str, allowed: str) -> None:
+    err = rejected(tmp_path, overrides={key: value})
+    assert err.key == key and f"one of {allowed}" in str(err) and repr(value) in str(err)
+
+
+@pytest.mark.parametrize("key", ["status_interval", "shutdown_timeout", "delivery_timeout", "startup_timeout",
+                                 "backoff_initial", "backoff_max", "heartbeat_interval"])
+@pytest.mark.parametrize("value", [0, -1, "-0.5", float("inf"), True])
+def test_durations_must_be_positive(tmp_path: Path, key: str, value: object) -> None:
+    err = rejected(tmp_path, overrides={key: value})
+    assert err.key == key and f"setting {key!r}" in str(err)
+
+
+def test_backoff_relations(tmp_path: Path) -> None:
+    assert rejected(tmp_path, overrides={"backoff_multiplier": 0.5}).key == "backoff_multiplier"
+    err = rejected(tmp_path, overrides={"backoff_initial": 10, "backoff_max": 5})
+    assert err.key == "backoff_max" and "backoff_initial" in str(err)
+
+
+@pytest.mark.parametrize("value", ["0", "70000", "http", "-1", "80.5"])
+def test_bad_metrics_port(tmp_path: Path, value: str) -> None:
+    err = rejected(tmp_path, env={"CDC_METRICS_PORT": value})
+    assert err.key == "metrics_port" and "CDC_METRICS_PORT" in str(err) and "port" in str(err)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("topic_partitions", 0), ("topic_replication_factor", -1), ("max_in_flight", 0), ("max_in_flight", 1.5),
+    ("create_topics", "perhaps"), ("table", "a.b.c"), ("table", "public.out box"), ("table", ""),
+    ("slot", "Bad-Slot"), ("publication", "pub;drop"), ("dlq_topic", "dead letters"),
+    ("topic_template", "outbox event.{aggregate_type}"), ("schemas_dir", 3), ("database_url", " "),
+])
+def test_bad_values_name_the_key(tmp_path: Path, key: str, value: object) -> None:
+    err = rejected(tmp_path, overrides={key: value})
+    assert err.key == key and repr(key) in str(err)
+
+
+@pytest.mark.parametrize(("template", "named"), [
+    ("outbox.{aggregate}", "{aggregate}"), ("outbox.{}", "{}"), ("outbox.{0}", "{0}"),
+    ("outbox.{aggregate_type!r}", "{aggregate_type}"),
+])
+def test_topic_template_unknown_placeholder(tmp_path: Path, template: str, named: str) -> None:
+    err = rejected(tmp_path, overrides={"topic_template": template})
+    assert err.key == "topic_template" and f"unknown placeholder {named}" in str(err)
+
+
+def test_topic_template_malformed(tmp_path: Path) -> None:
+    assert rejected(tmp_path, overrides={"topic_template": "outbox.{aggregate_type"}).key == "topic_template"
+
+
+def test_confluent_needs_registry(tmp_path: Path) -> None:
+    err = rejected(tmp_path, env={"CDC_VALUE_FORMAT": "confluent"})
+    assert err.key == "schema_registry_url" and "CDC_SCHEMA_REGISTRY_URL" in str(err)
+    err = rejected(tmp_path, overrides={"schema_registry_url": f"ftp://u:{SECRET}@registry"})
+    assert err.key == "schema_registry_url" and SECRET not in str(err)
+
+
+def test_config_file_problems(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    err = pytest.raises(ConfigError, load_settings, config_file=missing, environ={}, overrides={}).value
+    assert str(missing) in str(err)
+    err = rejected(tmp_path, "slot = \n")
+    assert "not valid TOML" in str(err)
+
+
+# --- columns --------------------------------------------------------------------------------------------
+
+
+def test_debezium_preset(tmp_path: Path) -> None:
+    s = load(tmp_path, 'columns = "debezium"\n')
+    assert s.columns == ColumnMap(id="id", aggregate_type="aggregatetype", aggregate_id="aggregateid",
+                                  event_type="type", payload="payload", schema_version=None, headers=None,
+                                  created_at=None)
+    assert load(tmp_path, env={"CDC_COLUMNS": "debezium"}).columns == s.columns
+
+
+def test_preset_with_changes(tmp_path: Path) -> None:
+    s = load(tmp_path, '[columns]\npreset = "debezium"\nschema_version = "version"\n')
+    assert (s.columns.aggregate_type, s.columns.schema_version, s.columns.headers) == ("aggregatetype",
+                                                                                       "version", None)
+    s = load(tmp_path, overrides={"columns": {"payload": "body", "headers": False, "aggregate_id": "agg_id"}})
+    assert s.columns == ColumnMap(payload="body", headers=None, aggregate_id="agg_id")
+
+
+@pytest.mark.parametrize(("columns", "key"), [
+    ("'debezum'", "columns"), ("{ paylod = 'body' }", "columns.paylod"),
+    ("{ payload = false }", "columns.payload"),
+    ("{ payload = 'id' }", "columns"), ("{ event_type = 'not a column' }", "columns.event_type"),
+    ("3", "columns"),
+])
+def test_bad_columns(tmp_path: Path, columns: str, key: str) -> None:
+    err = rejected(tmp_path, f"columns = {columns}\n")
+    assert err.key == key
+    if key == "columns.paylod":
+        assert "did you mean 'payload'?" in str(err)
+
+
+# --- redaction ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dsn", [
+    f"postgresql://cdc:{SECRET}@db.example:5433/app?sslmode=require&password={SECRET}",
+    f"host=db.example port=5433 dbname=app user=cdc password={SECRET} sslmode=require",
+    f"host=db.example user=cdc password='{SECRET} with space' dbname=app",
+])
+def test_secrets_never_shown(tmp_path: Path, dsn: str) -> None:
+    overrides: dict[str, object] = {
+        "database_url": dsn, "value_format": "confluent",
+        "schema_registry_url": f"https://reg:{SECRET}@registry.example:8081",
+        "kafka": {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "cdc",
+                  "sasl.password": SECRET, "ssl.key.password": SECRET},
+    }
+    s = load(tmp_path, overrides=overrides)
+    assert s.database_url == dsn and s.kafka.extra["sasl.password"] == SECRET
+    shown = [str(s.redacted()), repr(s), str(s), repr(s.kafka), redact_dsn(dsn), describe_dsn(dsn)]
+    for text in shown:
+        assert SECRET not in text and "s3cr3t" not in text
+    plain = s.redacted()
+    assert plain["kafka"] == {"bootstrap_servers": "localhost:9092", "security.protocol": "SASL_PLAINTEXT",
+                              "sasl.mechanism": "PLAIN", "sasl.username": "cdc", "sasl.password": "***",
+                              "ssl.key.password": "***"}
+    assert plain["schema_registry_url"] == "https://reg:***@registry.example:8081"
+    assert "db.example" in str(plain["database_url"]) and "***" in str(plain["database_url"])
+    assert describe_dsn(dsn).startswith("cdc@db.example:")
+
+
+@pytest.mark.parametrize(("dsn", "expected"), [
+    (f"postgresql://cdc:{SECRET}@h:5433/app?sslmode=require&password={SECRET}&application_name=x",
+     "postgresql://cdc:***@h:5433/app?sslmode=require&password=***&application_name=x"),
+    ("postgresql://cdc@h/app", "postgresql://cdc@h/app"),
+    (f"postgres://cdc:pa/ss?{SECRET}@h/app", "postgres://cdc:***@h/app"),
+    (f"host=h user=cdc password={SECRET} dbname=app", "host=h user=cdc password=*** dbname=app"),
+    (f"host=h password = '{SECRET} \\' x' sslpassword={SECRET} dbname=app",
+     "host=h password = *** sslpassword=*** dbname=app"),
+    ("host=h dbname=app", "host=h dbname=app"),
+])
+def test_redact_dsn_keeps_everything_but_the_password(dsn: str, expected: str) -> None:
+    assert redact_dsn(dsn) == expected
+
+
+@pytest.mark.parametrize(("dsn", "expected"), [
+    (f"postgresql://cdc:{SECRET}@db:5433/app", "cdc@db:5433/app"),
+    ("postgresql://db/app", "db:5432/app"),
+    ("postgresql:///app?host=/run/postgresql&user=cdc", "cdc@/run/postgresql:5432/app"),
+    (f"host=db port=6432 dbname=app user=cdc password={SECRET}", "cdc@db:6432/app"),
+    ("user=cdc", "cdc@localhost:5432/cdc"),
+])
+def test_describe_dsn(dsn: str, expected: str) -> None:
+    assert describe_dsn(dsn) == expected
+
+
+# --- librdkafka passthrough -----------------------------------------------------------------------------
+
+
+def test_kafka_bogus_key(tmp_path: Path) -> None:
+    err = rejected(tmp_path, '[kafka]\n"bogus.key" = "1"\n')
+    assert err.key == "kafka.bogus.key" and "kafka.bogus.key" in str(err)
+    assert "No such configuration property" in str(err)
+
+
+@pytest.mark.parametrize(("key", "value"), [("linger.ms", "abc"), ("compression.type", "zzz"),
+                                            ("max.in.flight", "10")])
+def test_kafka_bogus_value(key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_kafka_config({"client.id": "cdc", key: value})
+    assert info.value.key == f"kafka.{key}" and f"'kafka.{key}'" in str(info.value)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("enable.idempotence", "false"), ("acks", "1"), ("request.required.acks", "0"),
+    ("delivery.timeout.ms", "1000"), ("transactional.id", "x"), ("bootstrap.servers", "h:1"),
+])
+def test_pipeline_owned_kafka_keys(tmp_path: Path, key: str, value: str) -> None:
+    err = rejected(tmp_path, overrides={f"kafka.{key}": value})
+    assert err.key == f"kafka.{key}" and "owned by the pipeline" in str(err)
+
+
+def test_weakening_idempotence_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="enable.idempotence=true") as info:
+        validate_kafka_config({"enable.idempotence": "false"})
+    assert info.value.key == "kafka.enable.idempotence"
+    validate_kafka_config({"enable.idempotence": "true", "acks": "all", "linger.ms": "5"})
+
+
+def test_librdkafka_error_does_not_echo_secrets() -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_kafka_config({"sasl.password": SECRET, "compression.type": SECRET})
+    assert SECRET not in str(info.value)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_validation_leaves_no_threads() -> None:
+    validate_kafka_config({"linger.ms": "5"})
+    before = len(os.listdir("/proc/self/task"))
+    for _ in range(20):
+        validate_kafka_config({"linger.ms": "5"})
+        with pytest.raises(ConfigError):
+            validate_kafka_config({"bogus.key": "1"})
+    deadline = time.monotonic() + 5  # a joined thread's /proc entry can outlive the join by a moment
+    while len(os.listdir("/proc/self/task")) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(os.listdir("/proc/self/task")) <= before

@@ -38,8 +38,10 @@ test: $(STAMP) stack-up ## start the stack, then run every test (unit and integr
 unit: $(STAMP) ## only the tests that need no service
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-demo: $(STAMP) stack-up ## run the pipeline end to end on the local stack
-	. .stack/env && $(BIN)/python -m cdc.demo
+demo: $(STAMP) ## run the pipeline end to end on the local stack (stops the stack if it started it)
+	@if bash stack/stack.sh status >/dev/null 2>&1; then was_up=1; else was_up=0; fi; \
+	bash stack/stack.sh up && . .stack/env && $(BIN)/python examples/demo.py; rc=$$?; \
+	if [ $$was_up = 0 ]; then bash stack/stack.sh down; fi; exit $$rc
 
 bench: $(STAMP) stack-up ## the end-to-end benchmark; figures go to bench-results/
 	. .stack/env && $(BIN)/python -m bench.run $(BENCH_ARGS)

@@ -1,6 +1,7 @@
 """Pure decoder of the pgoutput logical replication protocol and its replication-protocol envelope.
 
-Bytes in, frozen dataclasses out, no I/O. Two layers:
+Bytes in (``bytes``, not memoryview: psycopg's ``get_copy_data`` gives a view, pass ``bytes(view)``),
+frozen dataclasses out, no I/O. Two layers:
 
 * the CopyData envelope of a replication connection: :func:`decode_copy_data` turns a server message into an
   :class:`XLogData` (``'w'``, carrying one pgoutput message as ``payload``) or a :class:`Keepalive` (``'k'``);
@@ -19,8 +20,10 @@ Conventions:
 * Names (schemas, relations, columns, types, message prefixes, GIDs) are decoded as UTF-8 with
   ``surrogateescape``; logical message contents stay ``bytes``.
 * Inside a stream (protocol v2+ with ``streaming``, between Stream Start and Stream Stop) Relation, Type,
-  Insert, Update, Delete, Truncate and Message carry the streamed transaction's xid first: call
-  ``decode(data, in_stream=True)`` there; the message's ``xid`` is then set, otherwise it is ``None``.
+  Insert, Update, Delete, Truncate and Message carry an xid first: call ``decode(data, in_stream=True)``
+  there; the message's ``xid`` is then set, otherwise it is ``None``. It is the xid of the (sub)transaction
+  that made the change, not always the top-level xid of Stream Start / Stream Commit (Stream Abort names
+  both; ``xid == subxid`` aborts the whole transaction).
 * Stream Abort has two more fields (abort LSN and time) in protocol v4 with ``streaming = parallel``; the
   decoder tells the two layouts apart by length.
 * The two-phase messages of v3 (Begin Prepare, Prepare, Commit Prepared, Rollback Prepared, Stream Prepare),
@@ -324,16 +327,15 @@ def _type(data: bytes, pos: int, xid: int | None) -> tuple[TypeMessage, int]:
     return TypeMessage(oid, namespace, name, xid), pos
 
 
-def _expect(data: bytes, pos: int, what: str) -> None:
-    if data[pos] != _NEW:
-        raise ProtocolError(f"{what}: expected 'N' at byte {pos}, got {chr(data[pos])!r}")
+def _not_new(data: bytes, pos: int, what: str) -> ProtocolError:
+    return ProtocolError(f"{what}: expected 'N' at byte {pos}, got {chr(data[pos])!r}")
 
 
 def _insert(data: bytes, pos: int, xid: int | None) -> tuple[Insert, int]:
-    (oid,) = _U32.unpack_from(data, pos)
-    _expect(data, pos + 4, "Insert")
-    new, pos = _tuple(data, pos + 5)
-    return Insert(oid, new, xid), pos
+    if data[pos + 4] != _NEW:
+        raise _not_new(data, pos + 4, "Insert")
+    new, end = _tuple(data, pos + 5)
+    return Insert(_U32.unpack_from(data, pos)[0], new, xid), end
 
 
 def _update(data: bytes, pos: int, xid: int | None) -> tuple[Update, int]:
@@ -345,7 +347,8 @@ def _update(data: bytes, pos: int, xid: int | None) -> tuple[Update, int]:
         key, pos = _tuple(data, pos + 1)
     elif marker == _OLD_ROW:
         old, pos = _tuple(data, pos + 1)
-    _expect(data, pos, "Update")
+    if data[pos] != _NEW:
+        raise _not_new(data, pos, "Update")
     new, pos = _tuple(data, pos + 1)
     return Update(oid, new, old, key, xid), pos
 
@@ -402,13 +405,15 @@ def _stream_abort(data: bytes, pos: int, xid: int | None) -> tuple[StreamAbort, 
 
 
 _Parser: TypeAlias = Callable[[bytes, int, int | None], tuple[PgOutputMessage, int]]
-_PARSERS: Final[dict[int, tuple[str, _Parser]]] = {
-    ord("B"): ("Begin", _begin), ord("C"): ("Commit", _commit), ord("O"): ("Origin", _origin),
-    ord("R"): ("Relation", _relation), ord("Y"): ("Type", _type), ord("I"): ("Insert", _insert),
-    ord("U"): ("Update", _update), ord("D"): ("Delete", _delete), ord("T"): ("Truncate", _truncate),
-    ord("M"): ("Message", _message), ord("S"): ("Stream Start", _stream_start),
-    ord("E"): ("Stream Stop", _stream_stop), ord("c"): ("Stream Commit", _stream_commit),
-    ord("A"): ("Stream Abort", _stream_abort),
+_PARSERS: Final[dict[int, _Parser]] = {
+    ord("B"): _begin, ord("C"): _commit, ord("O"): _origin, ord("R"): _relation, ord("Y"): _type,
+    ord("I"): _insert, ord("U"): _update, ord("D"): _delete, ord("T"): _truncate, ord("M"): _message,
+    ord("S"): _stream_start, ord("E"): _stream_stop, ord("c"): _stream_commit, ord("A"): _stream_abort,
+}
+_NAMES: Final = {
+    ord("B"): "Begin", ord("C"): "Commit", ord("O"): "Origin", ord("R"): "Relation", ord("Y"): "Type",
+    ord("I"): "Insert", ord("U"): "Update", ord("D"): "Delete", ord("T"): "Truncate", ord("M"): "Message",
+    ord("S"): "Stream Start", ord("E"): "Stream Stop", ord("c"): "Stream Commit", ord("A"): "Stream Abort",
 }
 _TWO_PHASE: Final = {ord("b"): "Begin Prepare", ord("P"): "Prepare", ord("K"): "Commit Prepared",
                      ord("r"): "Rollback Prepared", ord("p"): "Stream Prepare"}
@@ -423,23 +428,23 @@ def decode(data: bytes, *, in_stream: bool = False) -> PgOutputMessage:
     if not data:
         raise ProtocolError("empty pgoutput message")
     kind = data[0]
-    entry = _PARSERS.get(kind)
-    if entry is None:
+    parse = _PARSERS.get(kind)
+    if parse is None:
         if kind in _TWO_PHASE:
             raise ProtocolError(
                 f"pgoutput two-phase message {_TWO_PHASE[kind]!r} ({chr(kind)!r}) is not supported:"
                 " start replication without the two_phase option"
             )
         raise ProtocolError(f"unknown pgoutput message type {chr(kind)!r} (0x{kind:02x}, {len(data)} bytes)")
-    name, parse = entry
     try:
         if in_stream and kind in _WITH_XID_IN_STREAM:
             message, end = parse(data, 5, _U32.unpack_from(data, 1)[0])
         else:
             message, end = parse(data, 1, None)
     except (IndexError, ValueError, struct.error, _Truncated) as exc:
-        raise ProtocolError(f"truncated pgoutput {name} message ({len(data)} bytes)") from exc
+        raise ProtocolError(f"truncated pgoutput {_NAMES[kind]} message ({len(data)} bytes)") from exc
     if end != len(data):
+        name = _NAMES[kind]
         raise ProtocolError(f"pgoutput {name} message has {len(data) - end} unexpected trailing bytes")
     return message
 

@@ -91,9 +91,14 @@ def consume(kafka_bootstrap: str) -> Callable[..., list[Record]]:
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
+                # A topic the pipeline creates after subscribe() must be noticed within the timeout.
+                "topic.metadata.refresh.interval.ms": 1000,
             }
         )
         records: list[Record] = []
+        # Without committed offsets, a rebalance (e.g. when a subscribed topic appears) re-reads partitions
+        # from the start: count each (partition, offset) once, or tests would see phantom duplicates.
+        seen: set[tuple[int, int]] = set()
         try:
             consumer.subscribe([topic])
             deadline = time.monotonic() + timeout
@@ -105,6 +110,9 @@ def consume(kafka_bootstrap: str) -> Callable[..., list[Record]]:
                         if err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
                             continue
                         raise KafkaException(err)
+                    if (msg.partition(), msg.offset()) in seen:
+                        continue
+                    seen.add((msg.partition(), msg.offset()))
                     records.append(
                         Record(
                             topic=msg.topic(),

@@ -105,7 +105,7 @@ def now_us(conn: psycopg.Connection[Any]) -> int:
 
 
 def current_lsn(conn: psycopg.Connection[Any]) -> str:
-    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     return str(row[0])
 

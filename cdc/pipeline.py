@@ -270,7 +270,11 @@ class Pipeline:
             ("xid", self._txn_xid),
             *event.headers,
         ]
-        self._produce(topic, event.aggregate_id, value, headers, txn)
+        try:
+            self._produce(topic, event.aggregate_id, value, headers, txn)
+        except EventTooLargeError as exc:
+            self._dead_letter(event, exc, topic)
+            return
         self.events_published += 1
 
     def _produce(
@@ -282,8 +286,9 @@ class Pipeline:
         txn: Transaction,
     ) -> None:
         self._ensure_topic(topic)
-        txn.sent()
         self.sink.produce(topic, key, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive)
+        # Counted once handed over: its delivery report can only come from a later poll().
+        txn.sent()
 
     # -- bad events ------------------------------------------------------------------------------------
 

@@ -21,7 +21,14 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from cdc.config import Settings
-from cdc.errors import BrokerUnreachableError, DeliveryError, SinkError, TopicMissingError
+from cdc.errors import (
+    BrokerUnreachableError,
+    CdcError,
+    DeliveryError,
+    EventTooLargeError,
+    SinkError,
+    TopicMissingError,
+)
 
 log = logging.getLogger("cdc.sink")
 
@@ -150,7 +157,7 @@ class KafkaSink:
         except BufferError:
             pass
         except KafkaException as exc:
-            raise DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}") from exc
+            raise _produce_error(topic, exc) from exc
         started = time.monotonic()
         while True:
             self._producer.poll(0.05)
@@ -172,7 +179,7 @@ class KafkaSink:
                     )
                 continue
             except KafkaException as exc:
-                raise DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}") from exc
+                raise _produce_error(topic, exc) from exc
             return
 
     def queued(self) -> int:
@@ -201,6 +208,15 @@ class KafkaSink:
         if now - self._last_error_log > 5:
             self._last_error_log = now
             log.warning("Kafka: %s (librdkafka retries with backoff)", err.str())
+
+
+def _produce_error(topic: str, exc: KafkaException) -> CdcError:
+    """A record the producer refuses before sending: too large is the event's fault (dead-letter topic),
+    anything else stops the pipeline."""
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return EventTooLargeError(f"the record for '{topic}' is larger than the producer's message.max.bytes")
+    return DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}")
 
 
 def _kafka_reason(exc: KafkaException) -> str:

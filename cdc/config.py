@@ -30,21 +30,35 @@ from confluent_kafka import KafkaException, Producer
 
 from cdc.errors import ConfigError
 
-__all__ = ["ColumnMap", "KafkaSettings", "Settings", "TableRef", "describe_dsn", "load_settings",
-           "redact_dsn", "validate_kafka_config"]
+__all__ = [
+    "ColumnMap",
+    "KafkaSettings",
+    "Settings",
+    "TableRef",
+    "describe_dsn",
+    "load_settings",
+    "redact_dsn",
+    "validate_kafka_config",
+]
 
 REDACTED = "***"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _SECRET_KEY_PARTS = ("password", "secret", "sasl.oauthbearer.config", "key.pem", "private.key")
 _PLACEHOLDERS = ("aggregate_type", "event_type")
-_CHOICES = {"value_format": ("single-object", "confluent"), "on_invalid_event": ("dlq", "stop"),
-            "log_format": ("text", "json"), "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+_CHOICES = {
+    "value_format": ("single-object", "confluent"),
+    "on_invalid_event": ("dlq", "stop"),
+    "log_format": ("text", "json"),
+    "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+}
 _OWNED = {"enable.idempotence": ("true",), "acks": ("all", "-1"), "request.required.acks": ("all", "-1")}
-_RESERVED = {"bootstrap.servers": "set kafka.bootstrap_servers instead",
-             "delivery.timeout.ms": "set delivery_timeout (seconds) instead",
-             "message.timeout.ms": "set delivery_timeout (seconds) instead",
-             "transactional.id": "exactly-once mode is not supported yet"}
+_RESERVED = {
+    "bootstrap.servers": "set kafka.bootstrap_servers instead",
+    "delivery.timeout.ms": "set delivery_timeout (seconds) instead",
+    "message.timeout.ms": "set delivery_timeout (seconds) instead",
+    "transactional.id": "exactly-once mode is not supported yet",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,9 +87,19 @@ class ColumnMap:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-PRESETS: Mapping[str, ColumnMap] = MappingProxyType({"default": ColumnMap(), "debezium": ColumnMap(
-    aggregate_type="aggregatetype", aggregate_id="aggregateid", event_type="type", schema_version=None,
-    headers=None, created_at=None)})
+PRESETS: Mapping[str, ColumnMap] = MappingProxyType(
+    {
+        "default": ColumnMap(),
+        "debezium": ColumnMap(
+            aggregate_type="aggregatetype",
+            aggregate_id="aggregateid",
+            event_type="type",
+            schema_version=None,
+            headers=None,
+            created_at=None,
+        ),
+    }
+)
 _OPTIONAL_COLUMNS = ("schema_version", "headers", "created_at")
 
 
@@ -85,8 +109,10 @@ class KafkaSettings:
     extra: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def redacted(self) -> dict[str, object]:
-        return {"bootstrap_servers": self.bootstrap_servers,
-                **{k: REDACTED if _is_secret(k) else v for k, v in self.extra.items()}}
+        return {
+            "bootstrap_servers": self.bootstrap_servers,
+            **{k: REDACTED if _is_secret(k) else v for k, v in self.extra.items()},
+        }
 
     def __repr__(self) -> str:
         return f"KafkaSettings({self.redacted()!r})"
@@ -201,8 +227,11 @@ def validate_kafka_config(conf: dict[str, str]) -> None:
     named = [n for n in re.findall(r"[\"`]([\w.]+)[\"`]", error) if n in conf]
     culprit = named[0] if named else next((k for k in conf if _producer_error({k: conf[k]})), None)
     key = f"kafka.{culprit}" if culprit else "kafka"
-    raise ConfigError(f"setting '{key}' is not accepted by librdkafka: {error} (see librdkafka's "
-                      "CONFIGURATION.md for the producer properties and their values)", key=key)
+    raise ConfigError(
+        f"setting '{key}' is not accepted by librdkafka: {error} (see librdkafka's "
+        "CONFIGURATION.md for the producer properties and their values)",
+        key=key,
+    )
 
 
 _QUIET = logging.Logger("cdc.config.validate", logging.CRITICAL + 1)  # a detached logger that drops all
@@ -225,8 +254,9 @@ _TOP_KEYS = (*_KINDS, "kafka")
 _ENV = {**{f"CDC_{k.upper()}": k for k in _KINDS}, "CDC_KAFKA_BOOTSTRAP_SERVERS": "kafka.bootstrap_servers"}
 
 
-def load_settings(*, config_file: Path | None, environ: Mapping[str, str],
-                  overrides: Mapping[str, object]) -> Settings:
+def load_settings(
+    *, config_file: Path | None, environ: Mapping[str, str], overrides: Mapping[str, object]
+) -> Settings:
     """Merge defaults < TOML file < ``CDC_*`` environment < overrides, validate, and build Settings."""
     merged: dict[str, tuple[object, str]] = {}
     if config_file is None and environ.get("CDC_CONFIG"):
@@ -243,8 +273,10 @@ def load_settings(*, config_file: Path | None, environ: Mapping[str, str],
     given = _flatten({k: v for k, v in overrides.items() if v is not None}, "in the overrides")
     merged.update((k, (v, "from the overrides")) for k, v in given.items())
     if "database_url" not in merged:
-        raise ConfigError("setting 'database_url' is required: set CDC_DATABASE_URL or database_url in the "
-                          "config file", key="database_url")
+        raise ConfigError(
+            "setting 'database_url' is required: set CDC_DATABASE_URL or database_url in the config file",
+            key="database_url",
+        )
     kwargs = {k: _coerce(k, v, f" ({src})") for k, (v, src) in merged.items() if not k.startswith("kafka.")}
     sources = MappingProxyType({k: w for k, (_, w) in merged.items()})
     settings = Settings(kafka=_kafka(merged), sources=sources, **kwargs)  # type: ignore[arg-type]
@@ -258,8 +290,9 @@ def _flatten(data: Mapping[str, Any], where: str) -> dict[str, object]:
         top = key.split(".", 1)[0]
         if top not in _TOP_KEYS or (top != "kafka" and "." in key):
             hint = difflib.get_close_matches(key, _TOP_KEYS, n=1)
-            raise ConfigError(f"unknown setting {key!r} {where}"
-                              + (f"; did you mean {hint[0]!r}?" if hint else ""), key=key)
+            raise ConfigError(
+                f"unknown setting {key!r} {where}" + (f"; did you mean {hint[0]!r}?" if hint else ""), key=key
+            )
         if key == "kafka" and not isinstance(value, Mapping):
             raise _fail(key, f" ({where})", "a table of librdkafka producer settings", value)
         if isinstance(value, Mapping) and key != "columns":
@@ -330,8 +363,11 @@ def _columns(value: object, where: str) -> ColumnMap:
     for logical, column in mapping.items():
         if logical not in names:
             hint = difflib.get_close_matches(str(logical), [*names, "preset"], n=1)
-            raise ConfigError(f"unknown column field {logical!r}{where}; known: {', '.join(names)}"
-                              + (f"; did you mean {hint[0]!r}?" if hint else ""), key=f"columns.{logical}")
+            raise ConfigError(
+                f"unknown column field {logical!r}{where}; known: {', '.join(names)}"
+                + (f"; did you mean {hint[0]!r}?" if hint else ""),
+                key=f"columns.{logical}",
+            )
         if column is False and logical in _OPTIONAL_COLUMNS:
             names[logical] = None
         elif isinstance(column, str) and _IDENT.fullmatch(column):
@@ -379,22 +415,28 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]]) -> None:
     try:
         parsed = list(string.Formatter().parse(s.topic_template))
     except ValueError as exc:
-        raise _fail("topic_template", where("topic_template"), f"a valid template ({exc})",
-                    s.topic_template) from exc
+        raise _fail(
+            "topic_template", where("topic_template"), f"a valid template ({exc})", s.topic_template
+        ) from exc
     for _, name, spec, conversion in parsed:
         if name is not None and (name not in _PLACEHOLDERS or spec or conversion):
-            raise ConfigError(f"setting 'topic_template'{where('topic_template')} uses unknown placeholder "
-                              f"{{{name}}}; allowed: {{aggregate_type}}, {{event_type}} (no format specs)",
-                              key="topic_template")
+            raise ConfigError(
+                f"setting 'topic_template'{where('topic_template')} uses unknown placeholder "
+                f"{{{name}}}; allowed: {{aggregate_type}}, {{event_type}} (no format specs)",
+                key="topic_template",
+            )
     if not _TOPIC.fullmatch(s.topic_template.format(aggregate_type="a", event_type="e")):
         raise _fail("topic_template", where("topic_template"), "a Kafka topic name pattern", s.topic_template)
     if s.backoff_max < s.backoff_initial:
         raise _fail("backoff_max", where("backoff_max"), "at least backoff_initial", s.backoff_max)
     registry = s.schema_registry_url
     if s.value_format == "confluent" and registry is None:
-        raise ConfigError("setting 'schema_registry_url' is required when value_format = 'confluent': set "
-                          "CDC_SCHEMA_REGISTRY_URL or schema_registry_url in the config file",
-                          key="schema_registry_url")
+        raise ConfigError(
+            "setting 'schema_registry_url' is required when value_format = 'confluent': set "
+            "CDC_SCHEMA_REGISTRY_URL or schema_registry_url in the config file",
+            key="schema_registry_url",
+        )
     if registry is not None and not re.match(r"https?://[^/]", registry):
-        raise _fail("schema_registry_url", where("schema_registry_url"), "an http(s):// URL",
-                    redact_dsn(registry))
+        raise _fail(
+            "schema_registry_url", where("schema_registry_url"), "an http(s):// URL", redact_dsn(registry)
+        )

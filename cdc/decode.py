@@ -43,10 +43,34 @@ from typing import Final, TypeAlias
 from cdc.errors import ProtocolError
 
 __all__ = [
-    "PG_EPOCH_OFFSET_US", "UNCHANGED_TOAST", "Begin", "BinaryValue", "Column", "Commit", "Delete", "Insert",
-    "Keepalive", "LogicalMessage", "Origin", "PgOutputMessage", "Relation", "StreamAbort", "StreamCommit",
-    "StreamStart", "StreamStop", "Truncate", "TupleValue", "TypeMessage", "UnchangedToast", "Update",
-    "Values", "XLogData", "decode", "decode_copy_data", "decode_insert_tuple", "standby_status_update",
+    "PG_EPOCH_OFFSET_US",
+    "UNCHANGED_TOAST",
+    "Begin",
+    "BinaryValue",
+    "Column",
+    "Commit",
+    "Delete",
+    "Insert",
+    "Keepalive",
+    "LogicalMessage",
+    "Origin",
+    "PgOutputMessage",
+    "Relation",
+    "StreamAbort",
+    "StreamCommit",
+    "StreamStart",
+    "StreamStop",
+    "Truncate",
+    "TupleValue",
+    "TypeMessage",
+    "UnchangedToast",
+    "Update",
+    "Values",
+    "XLogData",
+    "decode",
+    "decode_copy_data",
+    "decode_insert_tuple",
+    "standby_status_update",
 ]
 
 PG_EPOCH_OFFSET_US: Final = 946_684_800_000_000
@@ -220,8 +244,20 @@ class StreamAbort:
 
 
 PgOutputMessage: TypeAlias = (
-    Begin | Commit | Origin | Relation | TypeMessage | Insert | Update | Delete | Truncate | LogicalMessage
-    | StreamStart | StreamStop | StreamCommit | StreamAbort
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | TypeMessage
+    | Insert
+    | Update
+    | Delete
+    | Truncate
+    | LogicalMessage
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
 )
 
 _U16 = struct.Struct(">H")
@@ -406,17 +442,44 @@ def _stream_abort(data: bytes, pos: int, xid: int | None) -> tuple[StreamAbort, 
 
 _Parser: TypeAlias = Callable[[bytes, int, int | None], tuple[PgOutputMessage, int]]
 _PARSERS: Final[dict[int, _Parser]] = {
-    ord("B"): _begin, ord("C"): _commit, ord("O"): _origin, ord("R"): _relation, ord("Y"): _type,
-    ord("I"): _insert, ord("U"): _update, ord("D"): _delete, ord("T"): _truncate, ord("M"): _message,
-    ord("S"): _stream_start, ord("E"): _stream_stop, ord("c"): _stream_commit, ord("A"): _stream_abort,
+    ord("B"): _begin,
+    ord("C"): _commit,
+    ord("O"): _origin,
+    ord("R"): _relation,
+    ord("Y"): _type,
+    ord("I"): _insert,
+    ord("U"): _update,
+    ord("D"): _delete,
+    ord("T"): _truncate,
+    ord("M"): _message,
+    ord("S"): _stream_start,
+    ord("E"): _stream_stop,
+    ord("c"): _stream_commit,
+    ord("A"): _stream_abort,
 }
 _NAMES: Final = {
-    ord("B"): "Begin", ord("C"): "Commit", ord("O"): "Origin", ord("R"): "Relation", ord("Y"): "Type",
-    ord("I"): "Insert", ord("U"): "Update", ord("D"): "Delete", ord("T"): "Truncate", ord("M"): "Message",
-    ord("S"): "Stream Start", ord("E"): "Stream Stop", ord("c"): "Stream Commit", ord("A"): "Stream Abort",
+    ord("B"): "Begin",
+    ord("C"): "Commit",
+    ord("O"): "Origin",
+    ord("R"): "Relation",
+    ord("Y"): "Type",
+    ord("I"): "Insert",
+    ord("U"): "Update",
+    ord("D"): "Delete",
+    ord("T"): "Truncate",
+    ord("M"): "Message",
+    ord("S"): "Stream Start",
+    ord("E"): "Stream Stop",
+    ord("c"): "Stream Commit",
+    ord("A"): "Stream Abort",
 }
-_TWO_PHASE: Final = {ord("b"): "Begin Prepare", ord("P"): "Prepare", ord("K"): "Commit Prepared",
-                     ord("r"): "Rollback Prepared", ord("p"): "Stream Prepare"}
+_TWO_PHASE: Final = {
+    ord("b"): "Begin Prepare",
+    ord("P"): "Prepare",
+    ord("K"): "Commit Prepared",
+    ord("r"): "Rollback Prepared",
+    ord("p"): "Stream Prepare",
+}
 _WITH_XID_IN_STREAM: Final = frozenset(b"RYIUDTM")
 
 

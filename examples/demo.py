@@ -38,15 +38,30 @@ SETTINGS = {
     "status_interval": "1",
 }
 
-ORDER = {"order_id": "o-1001", "customer_id": "c-42", "amount_cents": 2599, "currency": "EUR",
-         "items": [{"sku": "book-1", "quantity": 1}, {"sku": "pen-3", "quantity": 2}]}
+ORDER = {
+    "order_id": "o-1001",
+    "customer_id": "c-42",
+    "amount_cents": 2599,
+    "currency": "EUR",
+    "items": [{"sku": "book-1", "quantity": 1}, {"sku": "pen-3", "quantity": 2}],
+}
 EVENTS = [  # (aggregate_type, aggregate_id, event_type, version, payload)
-    ("customer", "c-42", "CustomerRegistered", 1,
-     {"customer_id": "c-42", "email": "ada@example.org", "marketing_opt_in": False}),
+    (
+        "customer",
+        "c-42",
+        "CustomerRegistered",
+        1,
+        {"customer_id": "c-42", "email": "ada@example.org", "marketing_opt_in": False},
+    ),
     ("order", "o-1001", "OrderPlaced", 1, ORDER),
     ("order", "o-1002", "OrderPlaced", 2, {**ORDER, "order_id": "o-1002", "coupon": "WELCOME10"}),
-    ("order", "o-1001", "OrderShipped", 1,
-     {"order_id": "o-1001", "carrier": "DHL", "shipped_at": int(time.time() * 1000)}),
+    (
+        "order",
+        "o-1001",
+        "OrderShipped",
+        1,
+        {"order_id": "o-1001", "carrier": "DHL", "shipped_at": int(time.time() * 1000)},
+    ),
     ("order", "o-1003", "OrderPlaced", 1, {**ORDER, "order_id": "o-1003", "amount_cents": "a lot"}),
 ]
 
@@ -55,22 +70,38 @@ def say(text: str) -> None:
     print(f"\033[1m== {text}\033[0m", flush=True)
 
 
-def insert(conn: psycopg.Connection[object], events: list[tuple[str, str, str, int, dict[str, object]]]) -> None:
+def insert(
+    conn: psycopg.Connection[object], events: list[tuple[str, str, str, int, dict[str, object]]]
+) -> None:
     with conn.cursor() as cur:
         for aggregate_type, aggregate_id, event_type, version, payload in events:
             cur.execute(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers)"
-                " VALUES (gen_random_uuid(), %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
-                (aggregate_type, aggregate_id, event_type, version, orjson.dumps(payload).decode(),
-                 orjson.dumps({"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"}).decode()),
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, schema_version, payload,"
+                " headers) VALUES (gen_random_uuid(), %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
+                (
+                    aggregate_type,
+                    aggregate_id,
+                    event_type,
+                    version,
+                    orjson.dumps(payload).decode(),
+                    orjson.dumps(
+                        {"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"}
+                    ).decode(),
+                ),
             )
 
 
 def consume(topics: list[str], expected: int, timeout: float = 30) -> list[object]:
-    consumer = Consumer({"bootstrap.servers": os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"], "group.id": f"demo-{RUN}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         # the pipeline creates the topics while we wait: notice them quickly
-                         "topic.metadata.refresh.interval.ms": 1000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"],
+            "group.id": f"demo-{RUN}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            # the pipeline creates the topics while we wait: notice them quickly
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
     consumer.subscribe(topics)
     records: list[object] = []
     seen: set[tuple[str, int, int]] = set()  # a rebalance re-reads uncommitted partitions: show each once
@@ -112,14 +143,18 @@ def main() -> int:
             event_type, version = store.by_fingerprint(value[2:10])
             body = fastavro.schemaless_reader(io.BytesIO(value[10:]), store.get(event_type, version).parsed)
             headers = dict(msg.headers())  # type: ignore[attr-defined]
-            print(f"  {msg.topic()} key={msg.key().decode()} {event_type} v{version} "  # type: ignore[attr-defined]
-                  f"commit_lsn={headers['commit_lsn'].decode()}\n    {body}")
+            print(
+                f"  {msg.topic()} key={msg.key().decode()} {event_type} v{version} "  # type: ignore[attr-defined]
+                f"commit_lsn={headers['commit_lsn'].decode()}\n    {body}"
+            )
 
         say("what went to the dead-letter topic")
         for msg in consume([f"demo.{RUN}.dlq"], expected=1):
             headers = dict(msg.headers())  # type: ignore[attr-defined]
-            print(f"  id={headers['id'].decode()} reason={headers['error_reason'].decode()}\n"
-                  f"    {headers['error_message'].decode()}")
+            print(
+                f"  id={headers['id'].decode()} reason={headers['error_reason'].decode()}\n"
+                f"    {headers['error_message'].decode()}"
+            )
     finally:
         say("stopping the pipeline (SIGTERM)")
         pipeline.send_signal(signal.SIGTERM)

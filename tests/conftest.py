@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.plugins.services",
     "tests.plugins.postgres",
     "tests.plugins.kafka",
+    "tests.plugins.pipeline",
 ]

@@ -27,8 +27,14 @@ DSN = "postgresql://cdc@localhost:5432/app"
 SECRET = "s3cr3t-PLANT"
 
 
-def load(tmp_path: Path, toml: str | None = None, env: dict[str, str] | None = None,
-         overrides: Mapping[str, object] | None = None, *, with_dsn: bool = True) -> Settings:
+def load(
+    tmp_path: Path,
+    toml: str | None = None,
+    env: dict[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    with_dsn: bool = True,
+) -> Settings:
     config_file = None
     if toml is not None:
         config_file = tmp_path / "cdc.toml"
@@ -38,8 +44,14 @@ def load(tmp_path: Path, toml: str | None = None, env: dict[str, str] | None = N
     return load_settings(config_file=config_file, environ=environ, overrides=overrides or {})
 
 
-def rejected(tmp_path: Path, toml: str | None = None, env: dict[str, str] | None = None,
-             overrides: Mapping[str, object] | None = None, *, with_dsn: bool = True) -> ConfigError:
+def rejected(
+    tmp_path: Path,
+    toml: str | None = None,
+    env: dict[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    with_dsn: bool = True,
+) -> ConfigError:
     with pytest.raises(ConfigError) as info:
         load(tmp_path, toml, env, overrides, with_dsn=with_dsn)
     assert info.value.exit_code == 2
@@ -87,8 +99,10 @@ def test_settings_are_frozen_and_keyword_only(tmp_path: Path) -> None:
 
 
 def test_file_then_env_then_overrides(tmp_path: Path) -> None:
-    toml = ('slot = "from_file"\npublication = "pub_file"\ntable = "app.events"\n'
-            '[kafka]\nbootstrap_servers = "f:1"\n')
+    toml = (
+        'slot = "from_file"\npublication = "pub_file"\ntable = "app.events"\n'
+        '[kafka]\nbootstrap_servers = "f:1"\n'
+    )
     s = load(tmp_path, toml)
     assert (s.slot, s.publication, s.kafka.bootstrap_servers) == ("from_file", "pub_file", "f:1")
     assert s.table == TableRef(schema="app", name="events")
@@ -111,11 +125,20 @@ def test_database_url_from_file_and_cdc_config(tmp_path: Path) -> None:
 
 
 def test_env_strings_are_converted(tmp_path: Path) -> None:
-    env = {"CDC_STATUS_INTERVAL": "2.5", "CDC_METRICS_PORT": "9100", "CDC_CREATE_TOPICS": "false",
-           "CDC_TOPIC_PARTITIONS": "12", "CDC_SCHEMAS_DIR": "/srv/schemas", "CDC_LOG_LEVEL": "debug",
-           "CDC_VALUE_FORMAT": "confluent", "CDC_SCHEMA_REGISTRY_URL": "http://registry:8081",
-           "CDC_TOPIC_TEMPLATE": "ev.{aggregate_type}.{event_type}", "CDC_DLQ_TOPIC": "dead",
-           "CDC_UNRELATED_THING": "ignored", "CDC_SLOT": ""}
+    env = {
+        "CDC_STATUS_INTERVAL": "2.5",
+        "CDC_METRICS_PORT": "9100",
+        "CDC_CREATE_TOPICS": "false",
+        "CDC_TOPIC_PARTITIONS": "12",
+        "CDC_SCHEMAS_DIR": "/srv/schemas",
+        "CDC_LOG_LEVEL": "debug",
+        "CDC_VALUE_FORMAT": "confluent",
+        "CDC_SCHEMA_REGISTRY_URL": "http://registry:8081",
+        "CDC_TOPIC_TEMPLATE": "ev.{aggregate_type}.{event_type}",
+        "CDC_DLQ_TOPIC": "dead",
+        "CDC_UNRELATED_THING": "ignored",
+        "CDC_SLOT": "",
+    }
     s = load(tmp_path, env=env)
     assert (s.status_interval, s.metrics_port, s.create_topics, s.topic_partitions) == (2.5, 9100, False, 12)
     assert s.schemas_dir == Path("/srv/schemas") and s.log_level == "DEBUG"
@@ -129,8 +152,12 @@ def test_typed_overrides_and_kafka_table(tmp_path: Path) -> None:
     overrides = {"metrics_port": 9200, "shutdown_timeout": 5, "kafka": {"acks": "all"}}
     s = load(tmp_path, toml, overrides=overrides)
     assert s.metrics_port == 9200 and s.shutdown_timeout == 5.0
-    assert dict(s.kafka.extra) == {"linger.ms": "20", "compression.type": "lz4", "enable.idempotence": "true",
-                                   "acks": "all"}
+    assert dict(s.kafka.extra) == {
+        "linger.ms": "20",
+        "compression.type": "lz4",
+        "enable.idempotence": "true",
+        "acks": "all",
+    }
 
 
 # --- rejections -----------------------------------------------------------------------------------------
@@ -139,8 +166,9 @@ def test_typed_overrides_and_kafka_table(tmp_path: Path) -> None:
 def test_missing_database_url(tmp_path: Path) -> None:
     err = rejected(tmp_path, with_dsn=False)
     assert err.key == "database_url"
-    assert str(err) == ("setting 'database_url' is required: set CDC_DATABASE_URL or database_url in the "
-                        "config file")
+    assert str(err) == (
+        "setting 'database_url' is required: set CDC_DATABASE_URL or database_url in the config file"
+    )
 
 
 def test_unknown_key_in_file_suggests(tmp_path: Path) -> None:
@@ -166,25 +194,39 @@ def test_wrong_type_in_file(tmp_path: Path) -> None:
 def test_wrong_type_from_env_names_the_variable(tmp_path: Path) -> None:
     err = rejected(tmp_path, env={"CDC_STATUS_INTERVAL": "abc"})
     assert err.key == "status_interval"
-    assert str(err) == ("setting 'status_interval' (from CDC_STATUS_INTERVAL) must be a number of seconds, "
-                        "got 'abc'")
+    assert str(err) == (
+        "setting 'status_interval' (from CDC_STATUS_INTERVAL) must be a number of seconds, got 'abc'"
+    )
     assert "CDC_TOPIC_PARTITIONS" in str(rejected(tmp_path, env={"CDC_TOPIC_PARTITIONS": "three"}))
     assert "CDC_CREATE_TOPICS" in str(rejected(tmp_path, env={"CDC_CREATE_TOPICS": "maybe"}))
 
 
-@pytest.mark.parametrize(("key", "value", "allowed"), [
-    ("value_format", "avro", "'single-object', 'confluent'"),
-    ("on_invalid_event", "drop", "'dlq', 'stop'"),
-    ("log_format", "xml", "'text', 'json'"),
-    ("log_level", "loud", "'DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL'"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("value_format", "avro", "'single-object', 'confluent'"),
+        ("on_invalid_event", "drop", "'dlq', 'stop'"),
+        ("log_format", "xml", "'text', 'json'"),
+        ("log_level", "loud", "'DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL'"),
+    ],
+)
 def test_bad_enum_lists_allowed_values(tmp_path: Path, key: str, value: str, allowed: str) -> None:
     err = rejected(tmp_path, overrides={key: value})
     assert err.key == key and f"one of {allowed}" in str(err) and repr(value) in str(err)
 
 
-@pytest.mark.parametrize("key", ["status_interval", "shutdown_timeout", "delivery_timeout", "startup_timeout",
-                                 "backoff_initial", "backoff_max", "heartbeat_interval"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "status_interval",
+        "shutdown_timeout",
+        "delivery_timeout",
+        "startup_timeout",
+        "backoff_initial",
+        "backoff_max",
+        "heartbeat_interval",
+    ],
+)
 @pytest.mark.parametrize("value", [0, -1, "-0.5", float("inf"), True])
 def test_durations_must_be_positive(tmp_path: Path, key: str, value: object) -> None:
     err = rejected(tmp_path, overrides={key: value})
@@ -203,21 +245,39 @@ def test_bad_metrics_port(tmp_path: Path, value: str) -> None:
     assert err.key == "metrics_port" and "CDC_METRICS_PORT" in str(err) and "port" in str(err)
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("topic_partitions", 0), ("topic_replication_factor", -1), ("max_in_flight", 0), ("max_in_flight", 1.5),
-    ("create_topics", "perhaps"), ("table", "a.b.c"), ("table", "public.out box"), ("table", ""),
-    ("slot", "Bad-Slot"), ("publication", "pub;drop"), ("dlq_topic", "dead letters"),
-    ("topic_template", "outbox event.{aggregate_type}"), ("schemas_dir", 3), ("database_url", " "),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("topic_partitions", 0),
+        ("topic_replication_factor", -1),
+        ("max_in_flight", 0),
+        ("max_in_flight", 1.5),
+        ("create_topics", "perhaps"),
+        ("table", "a.b.c"),
+        ("table", "public.out box"),
+        ("table", ""),
+        ("slot", "Bad-Slot"),
+        ("publication", "pub;drop"),
+        ("dlq_topic", "dead letters"),
+        ("topic_template", "outbox event.{aggregate_type}"),
+        ("schemas_dir", 3),
+        ("database_url", " "),
+    ],
+)
 def test_bad_values_name_the_key(tmp_path: Path, key: str, value: object) -> None:
     err = rejected(tmp_path, overrides={key: value})
     assert err.key == key and repr(key) in str(err)
 
 
-@pytest.mark.parametrize(("template", "named"), [
-    ("outbox.{aggregate}", "{aggregate}"), ("outbox.{}", "{}"), ("outbox.{0}", "{0}"),
-    ("outbox.{aggregate_type!r}", "{aggregate_type}"),
-])
+@pytest.mark.parametrize(
+    ("template", "named"),
+    [
+        ("outbox.{aggregate}", "{aggregate}"),
+        ("outbox.{}", "{}"),
+        ("outbox.{0}", "{0}"),
+        ("outbox.{aggregate_type!r}", "{aggregate_type}"),
+    ],
+)
 def test_topic_template_unknown_placeholder(tmp_path: Path, template: str, named: str) -> None:
     err = rejected(tmp_path, overrides={"topic_template": template})
     assert err.key == "topic_template" and f"unknown placeholder {named}" in str(err)
@@ -247,26 +307,41 @@ def test_config_file_problems(tmp_path: Path) -> None:
 
 def test_debezium_preset(tmp_path: Path) -> None:
     s = load(tmp_path, 'columns = "debezium"\n')
-    assert s.columns == ColumnMap(id="id", aggregate_type="aggregatetype", aggregate_id="aggregateid",
-                                  event_type="type", payload="payload", schema_version=None, headers=None,
-                                  created_at=None)
+    assert s.columns == ColumnMap(
+        id="id",
+        aggregate_type="aggregatetype",
+        aggregate_id="aggregateid",
+        event_type="type",
+        payload="payload",
+        schema_version=None,
+        headers=None,
+        created_at=None,
+    )
     assert load(tmp_path, env={"CDC_COLUMNS": "debezium"}).columns == s.columns
 
 
 def test_preset_with_changes(tmp_path: Path) -> None:
     s = load(tmp_path, '[columns]\npreset = "debezium"\nschema_version = "version"\n')
-    assert (s.columns.aggregate_type, s.columns.schema_version, s.columns.headers) == ("aggregatetype",
-                                                                                       "version", None)
+    assert (s.columns.aggregate_type, s.columns.schema_version, s.columns.headers) == (
+        "aggregatetype",
+        "version",
+        None,
+    )
     s = load(tmp_path, overrides={"columns": {"payload": "body", "headers": False, "aggregate_id": "agg_id"}})
     assert s.columns == ColumnMap(payload="body", headers=None, aggregate_id="agg_id")
 
 
-@pytest.mark.parametrize(("columns", "key"), [
-    ("'debezum'", "columns"), ("{ paylod = 'body' }", "columns.paylod"),
-    ("{ payload = false }", "columns.payload"),
-    ("{ payload = 'id' }", "columns"), ("{ event_type = 'not a column' }", "columns.event_type"),
-    ("3", "columns"),
-])
+@pytest.mark.parametrize(
+    ("columns", "key"),
+    [
+        ("'debezum'", "columns"),
+        ("{ paylod = 'body' }", "columns.paylod"),
+        ("{ payload = false }", "columns.payload"),
+        ("{ payload = 'id' }", "columns"),
+        ("{ event_type = 'not a column' }", "columns.event_type"),
+        ("3", "columns"),
+    ],
+)
 def test_bad_columns(tmp_path: Path, columns: str, key: str) -> None:
     err = rejected(tmp_path, f"columns = {columns}\n")
     assert err.key == key
@@ -277,17 +352,26 @@ def test_bad_columns(tmp_path: Path, columns: str, key: str) -> None:
 # --- redaction ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dsn", [
-    f"postgresql://cdc:{SECRET}@db.example:5433/app?sslmode=require&password={SECRET}",
-    f"host=db.example port=5433 dbname=app user=cdc password={SECRET} sslmode=require",
-    f"host=db.example user=cdc password='{SECRET} with space' dbname=app",
-])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://cdc:{SECRET}@db.example:5433/app?sslmode=require&password={SECRET}",
+        f"host=db.example port=5433 dbname=app user=cdc password={SECRET} sslmode=require",
+        f"host=db.example user=cdc password='{SECRET} with space' dbname=app",
+    ],
+)
 def test_secrets_never_shown(tmp_path: Path, dsn: str) -> None:
     overrides: dict[str, object] = {
-        "database_url": dsn, "value_format": "confluent",
+        "database_url": dsn,
+        "value_format": "confluent",
         "schema_registry_url": f"https://reg:{SECRET}@registry.example:8081",
-        "kafka": {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "cdc",
-                  "sasl.password": SECRET, "ssl.key.password": SECRET},
+        "kafka": {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "cdc",
+            "sasl.password": SECRET,
+            "ssl.key.password": SECRET,
+        },
     }
     s = load(tmp_path, overrides=overrides)
     assert s.database_url == dsn and s.kafka.extra["sasl.password"] == SECRET
@@ -295,35 +379,50 @@ def test_secrets_never_shown(tmp_path: Path, dsn: str) -> None:
     for text in shown:
         assert SECRET not in text and "s3cr3t" not in text
     plain = s.redacted()
-    assert plain["kafka"] == {"bootstrap_servers": "localhost:9092", "security.protocol": "SASL_PLAINTEXT",
-                              "sasl.mechanism": "PLAIN", "sasl.username": "cdc", "sasl.password": "***",
-                              "ssl.key.password": "***"}
+    assert plain["kafka"] == {
+        "bootstrap_servers": "localhost:9092",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "cdc",
+        "sasl.password": "***",
+        "ssl.key.password": "***",
+    }
     assert plain["schema_registry_url"] == "https://reg:***@registry.example:8081"
     assert "db.example" in str(plain["database_url"]) and "***" in str(plain["database_url"])
     assert describe_dsn(dsn).startswith("cdc@db.example:")
 
 
-@pytest.mark.parametrize(("dsn", "expected"), [
-    (f"postgresql://cdc:{SECRET}@h:5433/app?sslmode=require&password={SECRET}&application_name=x",
-     "postgresql://cdc:***@h:5433/app?sslmode=require&password=***&application_name=x"),
-    ("postgresql://cdc@h/app", "postgresql://cdc@h/app"),
-    (f"postgres://cdc:pa/ss?{SECRET}@h/app", "postgres://cdc:***@h/app"),
-    (f"host=h user=cdc password={SECRET} dbname=app", "host=h user=cdc password=*** dbname=app"),
-    (f"host=h password = '{SECRET} \\' x' sslpassword={SECRET} dbname=app",
-     "host=h password = *** sslpassword=*** dbname=app"),
-    ("host=h dbname=app", "host=h dbname=app"),
-])
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        (
+            f"postgresql://cdc:{SECRET}@h:5433/app?sslmode=require&password={SECRET}&application_name=x",
+            "postgresql://cdc:***@h:5433/app?sslmode=require&password=***&application_name=x",
+        ),
+        ("postgresql://cdc@h/app", "postgresql://cdc@h/app"),
+        (f"postgres://cdc:pa/ss?{SECRET}@h/app", "postgres://cdc:***@h/app"),
+        (f"host=h user=cdc password={SECRET} dbname=app", "host=h user=cdc password=*** dbname=app"),
+        (
+            f"host=h password = '{SECRET} \\' x' sslpassword={SECRET} dbname=app",
+            "host=h password = *** sslpassword=*** dbname=app",
+        ),
+        ("host=h dbname=app", "host=h dbname=app"),
+    ],
+)
 def test_redact_dsn_keeps_everything_but_the_password(dsn: str, expected: str) -> None:
     assert redact_dsn(dsn) == expected
 
 
-@pytest.mark.parametrize(("dsn", "expected"), [
-    (f"postgresql://cdc:{SECRET}@db:5433/app", "cdc@db:5433/app"),
-    ("postgresql://db/app", "db:5432/app"),
-    ("postgresql:///app?host=/run/postgresql&user=cdc", "cdc@/run/postgresql:5432/app"),
-    (f"host=db port=6432 dbname=app user=cdc password={SECRET}", "cdc@db:6432/app"),
-    ("user=cdc", "cdc@localhost:5432/cdc"),
-])
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        (f"postgresql://cdc:{SECRET}@db:5433/app", "cdc@db:5433/app"),
+        ("postgresql://db/app", "db:5432/app"),
+        ("postgresql:///app?host=/run/postgresql&user=cdc", "cdc@/run/postgresql:5432/app"),
+        (f"host=db port=6432 dbname=app user=cdc password={SECRET}", "cdc@db:6432/app"),
+        ("user=cdc", "cdc@localhost:5432/cdc"),
+    ],
+)
 def test_describe_dsn(dsn: str, expected: str) -> None:
     assert describe_dsn(dsn) == expected
 
@@ -337,18 +436,26 @@ def test_kafka_bogus_key(tmp_path: Path) -> None:
     assert "No such configuration property" in str(err)
 
 
-@pytest.mark.parametrize(("key", "value"), [("linger.ms", "abc"), ("compression.type", "zzz"),
-                                            ("max.in.flight", "10")])
+@pytest.mark.parametrize(
+    ("key", "value"), [("linger.ms", "abc"), ("compression.type", "zzz"), ("max.in.flight", "10")]
+)
 def test_kafka_bogus_value(key: str, value: str) -> None:
     with pytest.raises(ConfigError) as info:
         validate_kafka_config({"client.id": "cdc", key: value})
     assert info.value.key == f"kafka.{key}" and f"'kafka.{key}'" in str(info.value)
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("enable.idempotence", "false"), ("acks", "1"), ("request.required.acks", "0"),
-    ("delivery.timeout.ms", "1000"), ("transactional.id", "x"), ("bootstrap.servers", "h:1"),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("enable.idempotence", "false"),
+        ("acks", "1"),
+        ("request.required.acks", "0"),
+        ("delivery.timeout.ms", "1000"),
+        ("transactional.id", "x"),
+        ("bootstrap.servers", "h:1"),
+    ],
+)
 def test_pipeline_owned_kafka_keys(tmp_path: Path, key: str, value: str) -> None:
     err = rejected(tmp_path, overrides={f"kafka.{key}": value})
     assert err.key == f"kafka.{key}" and "owned by the pipeline" in str(err)

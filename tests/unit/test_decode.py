@@ -57,31 +57,62 @@ LSN_BEFORE = parse_lsn(INDEX["wal_lsn_before_workload"])
 LSN_AFTER = parse_lsn(INDEX["wal_lsn_after_workload"])
 
 KIND = {
-    Begin: "B", Commit: "C", Origin: "O", Relation: "R", TypeMessage: "Y", Insert: "I", Update: "U",
-    Delete: "D", Truncate: "T", LogicalMessage: "M", StreamStart: "S", StreamStop: "E", StreamCommit: "c",
+    Begin: "B",
+    Commit: "C",
+    Origin: "O",
+    Relation: "R",
+    TypeMessage: "Y",
+    Insert: "I",
+    Update: "U",
+    Delete: "D",
+    Truncate: "T",
+    LogicalMessage: "M",
+    StreamStart: "S",
+    StreamStop: "E",
+    StreamCommit: "c",
     StreamAbort: "A",
 }
 
 RELATIONS = {
-    "outbox": Relation(OID["outbox"], "public", "outbox", "d", (
-        Column("id", 2950, -1, True),
-        Column("aggregate_type", 25, -1, False),
-        Column("aggregate_id", 25, -1, False),
-        Column("event_type", 25, -1, False),
-        Column("schema_version", 23, -1, False),
-        Column("payload", 3802, -1, False),
-        Column("headers", 3802, -1, False),
-        Column("created_at", 1184, -1, False),
-    )),
-    "accounts": Relation(OID["accounts"], "public", "accounts", "f", (
-        Column("id", 23, -1, True),
-        Column("owner", 1043, 24, True),  # varchar(20): typmod 20 + 4; FULL identity flags every column
-        Column("balance", 20, -1, True),
-        Column("mood", MOOD_OID, -1, True),
-    )),
-    "docs": Relation(OID["docs"], "public", "docs", "d", (
-        Column("id", 23, -1, True), Column("title", 25, -1, False), Column("body", 25, -1, False),
-    )),
+    "outbox": Relation(
+        OID["outbox"],
+        "public",
+        "outbox",
+        "d",
+        (
+            Column("id", 2950, -1, True),
+            Column("aggregate_type", 25, -1, False),
+            Column("aggregate_id", 25, -1, False),
+            Column("event_type", 25, -1, False),
+            Column("schema_version", 23, -1, False),
+            Column("payload", 3802, -1, False),
+            Column("headers", 3802, -1, False),
+            Column("created_at", 1184, -1, False),
+        ),
+    ),
+    "accounts": Relation(
+        OID["accounts"],
+        "public",
+        "accounts",
+        "f",
+        (
+            Column("id", 23, -1, True),
+            Column("owner", 1043, 24, True),  # varchar(20): typmod 20 + 4; FULL identity flags every column
+            Column("balance", 20, -1, True),
+            Column("mood", MOOD_OID, -1, True),
+        ),
+    ),
+    "docs": Relation(
+        OID["docs"],
+        "public",
+        "docs",
+        "d",
+        (
+            Column("id", 23, -1, True),
+            Column("title", 25, -1, False),
+            Column("body", 25, -1, False),
+        ),
+    ),
     # published with a column list (id): pad is not sent
     "bulk": Relation(OID["bulk"], "public", "bulk", "d", (Column("id", 23, -1, True),)),
 }
@@ -524,30 +555,55 @@ STREAM_SAMPLES: list[tuple[bytes, PgOutputMessage]] = [
     (b"S" + struct.pack(">IB", XID, 1), StreamStart(XID, True)),
     (b"S" + struct.pack(">IB", XID, 0), StreamStart(XID, False)),
     (b"E", StreamStop()),
-    (b"c" + struct.pack(">IBQQq", XID, 0, 0x1_0000_0010, 0x1_0000_0040, 5), StreamCommit(
-        XID, 0, 0x1_0000_0010, 0x1_0000_0040, PG_EPOCH_OFFSET_US + 5)),
+    (
+        b"c" + struct.pack(">IBQQq", XID, 0, 0x1_0000_0010, 0x1_0000_0040, 5),
+        StreamCommit(XID, 0, 0x1_0000_0010, 0x1_0000_0040, PG_EPOCH_OFFSET_US + 5),
+    ),
     (b"A" + struct.pack(">II", XID, XID + 1), StreamAbort(XID, XID + 1)),
     # protocol v4 with streaming = parallel: abort LSN and abort time follow
-    (b"A" + struct.pack(">IIQq", XID, XID, 0x2_0000_0000, -5), StreamAbort(
-        XID, XID, 0x2_0000_0000, PG_EPOCH_OFFSET_US - 5)),
+    (
+        b"A" + struct.pack(">IIQq", XID, XID, 0x2_0000_0000, -5),
+        StreamAbort(XID, XID, 0x2_0000_0000, PG_EPOCH_OFFSET_US - 5),
+    ),
 ]
 IN_STREAM_SAMPLES: list[tuple[bytes, PgOutputMessage]] = [
-    (b"R" + struct.pack(">I", XID) + struct.pack(">I", 16384) + b"s\x00t\x00i" + struct.pack(">H", 2)
-     + b"\x01id\x00" + struct.pack(">Ii", 23, -1) + b"\x00v\x00" + struct.pack(">Ii", 1043, 36),
-     Relation(16384, "s", "t", "i", (Column("id", 23, -1, True), Column("v", 1043, 36, False)), XID)),
-    (b"Y" + struct.pack(">II", XID, 90000) + b"public\x00mood\x00",
-     TypeMessage(90000, "public", "mood", XID)),
+    (
+        b"R"
+        + struct.pack(">I", XID)
+        + struct.pack(">I", 16384)
+        + b"s\x00t\x00i"
+        + struct.pack(">H", 2)
+        + b"\x01id\x00"
+        + struct.pack(">Ii", 23, -1)
+        + b"\x00v\x00"
+        + struct.pack(">Ii", 1043, 36),
+        Relation(16384, "s", "t", "i", (Column("id", 23, -1, True), Column("v", 1043, 36, False)), XID),
+    ),
+    (
+        b"Y" + struct.pack(">II", XID, 90000) + b"public\x00mood\x00",
+        TypeMessage(90000, "public", "mood", XID),
+    ),
     (b"I" + struct.pack(">II", XID, 16384) + b"N" + text_tuple(b"1", None), Insert(16384, (b"1", None), XID)),
-    (b"U" + struct.pack(">II", XID, 16384) + b"K" + text_tuple(b"1", None) + b"N" + text_tuple(b"2", b"x"),
-     Update(16384, (b"2", b"x"), key=(b"1", None), xid=XID)),
-    (b"U" + struct.pack(">II", XID, 16384) + b"N" + struct.pack(">H", 2) + b"t\x00\x00\x00\x01\x32u",
-     Update(16384, (b"2", UNCHANGED_TOAST), xid=XID)),
-    (b"D" + struct.pack(">II", XID, 16384) + b"O" + text_tuple(b"1", b""),
-     Delete(16384, old=(b"1", b""), xid=XID)),
-    (b"T" + struct.pack(">IIB", XID, 2, 1) + struct.pack(">II", 16384, 16385),
-     Truncate((16384, 16385), 1, XID)),
-    (b"M" + struct.pack(">IBQ", XID, 1, 0x30) + b"outbox\x00" + struct.pack(">I", 3) + b"a\x00b",
-     LogicalMessage(True, 0x30, "outbox", b"a\x00b", XID)),
+    (
+        b"U" + struct.pack(">II", XID, 16384) + b"K" + text_tuple(b"1", None) + b"N" + text_tuple(b"2", b"x"),
+        Update(16384, (b"2", b"x"), key=(b"1", None), xid=XID),
+    ),
+    (
+        b"U" + struct.pack(">II", XID, 16384) + b"N" + struct.pack(">H", 2) + b"t\x00\x00\x00\x01\x32u",
+        Update(16384, (b"2", UNCHANGED_TOAST), xid=XID),
+    ),
+    (
+        b"D" + struct.pack(">II", XID, 16384) + b"O" + text_tuple(b"1", b""),
+        Delete(16384, old=(b"1", b""), xid=XID),
+    ),
+    (
+        b"T" + struct.pack(">IIB", XID, 2, 1) + struct.pack(">II", 16384, 16385),
+        Truncate((16384, 16385), 1, XID),
+    ),
+    (
+        b"M" + struct.pack(">IBQ", XID, 1, 0x30) + b"outbox\x00" + struct.pack(">I", 3) + b"a\x00b",
+        LogicalMessage(True, 0x30, "outbox", b"a\x00b", XID),
+    ),
 ]
 
 

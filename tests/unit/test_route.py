@@ -8,13 +8,22 @@ from cdc.decode import UNCHANGED_TOAST, Column, Relation
 from cdc.errors import ConfigError, MalformedEventError
 from cdc.route import EventRouter
 
-DEFAULT_COLUMNS = ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers",
-                   "created_at"]
+DEFAULT_COLUMNS = [
+    "id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "schema_version",
+    "payload",
+    "headers",
+    "created_at",
+]
 
 
 def router(**overrides) -> EventRouter:
-    settings = load_settings(config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"},
-                             overrides=overrides)
+    settings = load_settings(
+        config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"}, overrides=overrides
+    )
     return EventRouter(settings)
 
 
@@ -70,7 +79,11 @@ def test_debezium_preset_reads_debezium_columns_and_defaults_the_version():
     r.relation(relation(["id", "aggregatetype", "aggregateid", "type", "payload"]))
     event = r.from_row((b"e1", b"customer", b"c-1", b"CustomerRegistered", b"{}"))
     assert (event.id, event.aggregate_type, event.event_type, event.schema_version) == (
-        "e1", "customer", "CustomerRegistered", 1)
+        "e1",
+        "customer",
+        "CustomerRegistered",
+        1,
+    )
     assert event.headers == ()
 
 
@@ -98,8 +111,15 @@ def test_headers_that_are_not_an_object_are_ignored():
 
 
 def test_logical_message_becomes_an_event():
-    body = {"id": "e-7", "aggregate_type": "order", "aggregate_id": "o-7", "event_type": "OrderShipped",
-            "schema_version": 1, "payload": {"order_id": "o-7"}, "headers": {"k": "v"}}
+    body = {
+        "id": "e-7",
+        "aggregate_type": "order",
+        "aggregate_id": "o-7",
+        "event_type": "OrderShipped",
+        "schema_version": 1,
+        "payload": {"order_id": "o-7"},
+        "headers": {"k": "v"},
+    }
     event = router().from_message(orjson.dumps(body))
     assert (event.id, event.aggregate_id, event.event_type) == ("e-7", b"o-7", "OrderShipped")
     assert orjson.loads(event.payload) == {"order_id": "o-7"}
@@ -113,8 +133,11 @@ def test_logical_message_becomes_an_event():
         (b"[1]", "not a JSON object"),
         (b'{"id": "e", "aggregate_type": "a", "event_type": "E", "payload": {}}', "lacks aggregate_id"),
         (b'{"id": 5, "aggregate_type": "a", "aggregate_id": "x", "event_type": "E", "payload": {}}', "id"),
-        (b'{"id": "e", "aggregate_type": "a", "aggregate_id": "x", "event_type": "E", "payload": {},'
-         b' "schema_version": "2"}', "schema_version"),
+        (
+            b'{"id": "e", "aggregate_type": "a", "aggregate_id": "x", "event_type": "E", "payload": {},'
+            b' "schema_version": "2"}',
+            "schema_version",
+        ),
     ],
 )
 def test_bad_logical_messages_are_malformed(content, message):

@@ -8,8 +8,9 @@ from cdc.source import pgoutput_options
 
 
 def settings(**overrides):
-    return load_settings(config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"},
-                         overrides=overrides)
+    return load_settings(
+        config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"}, overrides=overrides
+    )
 
 
 def test_scripts_are_rendered_in_order_with_quoted_names():
@@ -31,6 +32,10 @@ def test_debezium_preset_leaves_out_the_columns_it_does_not_have():
 
 def test_pgoutput_options_follow_the_server_version():
     assert pgoutput_options(170002, "p")["proto_version"] == "4"
-    assert pgoutput_options(150018, "p") == {"proto_version": "3", "publication_names": '"p"', "messages": "true"}
+    assert pgoutput_options(150018, "p") == {
+        "proto_version": "3",
+        "publication_names": '"p"',
+        "messages": "true",
+    }
     assert pgoutput_options(140000, "p")["proto_version"] == "2"
     assert pgoutput_options(130000, 'we"ird') == {"proto_version": "1", "publication_names": '"we""ird"'}

@@ -44,7 +44,7 @@ demo: $(STAMP) ## run the pipeline end to end on the local stack (stops the stac
 	if [ $$was_up = 0 ]; then bash stack/stack.sh down; fi; exit $$rc
 
 bench: $(STAMP) stack-up ## the end-to-end benchmark; figures go to bench-results/
-	. .stack/env && $(BIN)/python -m bench.run $(BENCH_ARGS)
+	. .stack/env && $(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 clean: stack-down ## stop the stack and remove its state and the venv
 	rm -rf .stack $(VENV)

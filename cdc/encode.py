@@ -149,6 +149,18 @@ class AvroEncoder:
         header, fn, what = self._compiled.get(key) or self._compile(key)
         return _run(fn, what, payload, bytearray(header))
 
+    def encoder_for(self, event_type: str, schema_version: int) -> Callable[[Payload], bytes]:
+        """``encode`` bound to one schema, for callers that route many events of the same type: the
+        per-event cost is then the parse, the validation and the writing alone."""
+        header, fn, what = self._compiled.get((event_type, schema_version)) or self._compile(
+            (event_type, schema_version)
+        )
+
+        def encode(payload: Payload) -> bytes:
+            return _run(fn, what, payload, bytearray(header))
+
+        return encode
+
     def encode_body(self, event_type: str, schema_version: int, payload: Payload) -> bytes:
         """The bare Avro binary body, for other framings (Confluent: ``00`` + schema id + body)."""
         key = (event_type, schema_version)

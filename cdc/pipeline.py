@@ -30,7 +30,7 @@ from cdc.decode import (
     Relation,
     Truncate,
     Update,
-    XLogData,
+    Values,
     decode,
     decode_copy_data,
     decode_insert_tuple,
@@ -47,7 +47,7 @@ from cdc.errors import (
     TopicMissingError,
     format_lsn,
 )
-from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent
+from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, event_from_fields, parse_headers
 from cdc.sink import Headers, KafkaSink
 from cdc.source import ReplicationSource, preflight
 
@@ -55,6 +55,9 @@ log = logging.getLogger("cdc.pipeline")
 
 HEARTBEAT_PREFIX = "cdc-heartbeat"
 READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
+STATUS_MIN_INTERVAL = 0.1  # seconds between status updates that only report a moved watermark
+
+_Route = tuple[str, Callable[[bytes], bytes]]
 
 
 class _StopRequested(Exception):
@@ -95,6 +98,7 @@ class Pipeline:
         self._txn_ts_ms = 0
         self.events_published = 0
         self.events_dead_lettered = 0
+        self._routes: dict[tuple[bytes, bytes, bytes], _Route] = {}
 
     # -- control ---------------------------------------------------------------------------------------
 
@@ -168,35 +172,31 @@ class Pipeline:
     def _stream(self, source: ReplicationSource) -> None:
         tracker = self.tracker
         router = self.router
+        outbox_insert = self._outbox_insert
         poll = self.sink.poll
         status_interval = self.settings.status_interval
         while not self._stop:
             batch = source.read(READ_TIMEOUT)
+            last_wal = None
             for data in batch:
                 if data[0] == 0x77:  # 'w' XLogData: 1 tag byte + 24 bytes of envelope, then pgoutput
-                    self._received = int.from_bytes(data[1:9], "big")
-                    payload = data[25:]
-                    if payload[0] == 0x49:  # 'I': the common case, decoded without the generic dispatch
-                        oid, values = decode_insert_tuple(payload)
+                    last_wal = data
+                    if data[25] == 0x49:  # 'I': the common case, decoded without the generic dispatch
+                        oid, values = decode_insert_tuple(data, offset=25)
                         if oid == router.outbox_oid:
-                            try:
-                                event = router.from_row(values)
-                            except MalformedEventError as exc:
-                                self._dead_letter_raw(exc)
-                                continue
-                            self._publish(event)
+                            outbox_insert(values)
                     else:
-                        self._handle(decode(payload))
+                        self._handle(decode(data[25:]))
                 else:
-                    message = decode_copy_data(data)
-                    if isinstance(message, Keepalive):
-                        tracker.keepalive(message.wal_end)
-                        if message.wal_end > self._received and tracker.idle:
-                            self._received = message.wal_end
-                        if message.reply_requested:
-                            self._send_status(force=True)
-                    elif isinstance(message, XLogData):  # pragma: no cover - handled above by the tag byte
-                        self._handle(decode(message.payload))
+                    keepalive = decode_copy_data(data)
+                    if isinstance(keepalive, Keepalive):
+                        tracker.keepalive(keepalive.wal_end)
+                        if keepalive.wal_end > self._received and tracker.idle:
+                            self._received = keepalive.wal_end
+                        if keepalive.reply_requested:
+                            self._send_status()
+            if last_wal is not None:
+                self._received = max(self._received, int.from_bytes(last_wal[1:9], "big"))
             poll(0)
             failure = tracker.failure
             if failure is not None:
@@ -211,10 +211,63 @@ class Pipeline:
                     f"the Kafka producer failed fatally: {self.sink.fatal_error.str()}",
                     lsn=tracker.confirmed_lsn,
                 )
-            if tracker.confirmed_lsn != self._sent_confirmed or (
-                time.monotonic() - source.last_status_at >= status_interval
+            # Status updates: whenever the watermark moved, but not more often than STATUS_MIN_INTERVAL
+            # (at tens of thousands of events a second it moves with every batch), and at least every
+            # status_interval so the server does not take us for dead.
+            since = time.monotonic() - source.last_status_at
+            if since >= status_interval or (
+                tracker.confirmed_lsn != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
             ):
                 self._send_status()
+
+    def _outbox_insert(self, values: Values) -> None:
+        """One outbox row: encode and produce it, on the fast path when its route is known."""
+        txn = self._txn
+        if txn is None:
+            raise CdcError("an outbox change arrived outside a transaction", lsn=self._received)
+        try:
+            fields = self.router.row_fields(values)
+        except MalformedEventError as exc:
+            self._dead_letter_raw(exc)
+            return
+        id_, aggregate_type, aggregate_id, event_type, version, payload, raw_headers = fields
+        route = self._routes.get((aggregate_type, event_type, version))
+        if route is None:
+            try:
+                route = self._route_for(aggregate_type, event_type, version)
+            except EventError:
+                # No usable schema: the general path builds the event and sends it to the DLQ.
+                self._publish(event_from_fields(fields))
+                return
+        topic, encode = route
+        try:
+            value = encode(payload)
+        except EventError:
+            self._publish(event_from_fields(fields))
+            return
+        headers: Headers = [
+            ("id", id_),
+            ("event_type", event_type),
+            ("schema_version", version),
+            ("aggregate_type", aggregate_type),
+            ("commit_lsn", self._txn_lsn),
+            ("xid", self._txn_xid),
+        ]
+        if raw_headers is not None:
+            headers.extend(parse_headers(raw_headers))
+        try:
+            self._produce(topic, aggregate_id, value, headers, txn)
+        except EventTooLargeError as exc:
+            self._dead_letter(event_from_fields(fields), exc, topic)
+            return
+        self.events_published += 1
+
+    def _route_for(self, aggregate_type: bytes, event_type: bytes, version: bytes) -> _Route:
+        """Topic and bound encoder of one (aggregate type, event type, version); cached when it works."""
+        at, et = aggregate_type.decode(), event_type.decode()
+        route = (self.router.topic(at, et), self.encoder.encoder_for(et, int(version)))
+        self._routes[(aggregate_type, event_type, version)] = route
+        return route
 
     def _handle(self, message: object) -> None:
         if isinstance(message, Begin):
@@ -372,9 +425,9 @@ class Pipeline:
         if source is not None and time.monotonic() - source.last_status_at >= min(
             1.0, self.settings.status_interval
         ):
-            self._send_status(force=True)
+            self._send_status()
 
-    def _send_status(self, force: bool = False) -> None:
+    def _send_status(self) -> None:
         source = self._source
         if source is None:
             return
@@ -420,9 +473,10 @@ class Pipeline:
                 left,
                 timeout,
             )
-        if self._source is not None:
+        source = self._source
+        if source is not None:
             try:
-                self._send_status(force=True)
+                self._send_status()
             except SourceConnectionError as exc:
                 log.warning(
                     "could not confirm %s at shutdown (%s): events after the slot's position will be "
@@ -430,7 +484,8 @@ class Pipeline:
                     format_lsn(self.tracker.confirmed_lsn),
                     exc,
                 )
-        self._close_source()
+            self._source = None
+            source.finish()
         log.info(
             "stopped: %d events published, %d dead-lettered, confirmed LSN %s",
             self.events_published,

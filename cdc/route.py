@@ -38,6 +38,9 @@ class OutboxEvent:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
+RowFields = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes | None]
+
+
 class EventRouter:
     """Knows the outbox table's layout on the stream and the topic of each event."""
 
@@ -80,10 +83,17 @@ class EventRouter:
         self.outbox_oid = rel.oid
         return True
 
-    def from_row(self, values: Values) -> OutboxEvent:
-        """The event of one outbox Insert."""
+    def row_fields(self, values: Values) -> RowFields:
+        """The raw fields of one outbox Insert, as PostgreSQL sent them (text output, bytes):
+        ``(id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers)``.
+
+        The pipeline's hot path: no decoding to ``str``, no object per event. A missing schema_version
+        column reads as ``b"1"``; ``headers`` is None when absent or null."""
         try:
-            id_, aggregate_type, aggregate_id, event_type, payload = (values[p] for p in self._pos)
+            id_, aggregate_type, aggregate_id, event_type, payload = [values[p] for p in self._pos]
+            pv, ph = self._pos_version, self._pos_headers
+            version = b"1" if pv is None else values[pv]
+            headers = None if ph is None else values[ph]
         except IndexError:
             raise MalformedEventError("outbox row has fewer columns than its Relation message") from None
         if (
@@ -94,28 +104,23 @@ class EventRouter:
             or type(payload) is not bytes
         ):
             raise MalformedEventError(_null_message(self._columns, values, self._pos))
-        pv = self._pos_version
-        version = 1
-        if pv is not None:
-            raw = values[pv]
-            if type(raw) is not bytes:
-                raise MalformedEventError(f"outbox column '{self._columns.schema_version}' is null")
-            version = int(raw)
-        headers: tuple[tuple[str, bytes], ...] = ()
-        ph = self._pos_headers
-        if ph is not None:
-            raw_headers = values[ph]
-            if type(raw_headers) is bytes:
-                headers = parse_headers(raw_headers)
-        return OutboxEvent(
-            id_.decode(),
-            aggregate_type.decode(),
+        if type(version) is not bytes or not version.isdigit():
+            raise MalformedEventError(
+                f"outbox column '{self._columns.schema_version}' is null or not a number"
+            )
+        return (
+            id_,
+            aggregate_type,
             aggregate_id,
-            event_type.decode(),
+            event_type,
             version,
             payload,
-            headers,
+            headers if type(headers) is bytes else None,
         )
+
+    def from_row(self, values: Values) -> OutboxEvent:
+        """The event of one outbox Insert."""
+        return event_from_fields(self.row_fields(values))
 
     def from_message(self, content: bytes) -> OutboxEvent:
         """The event of a transactional logical message with the prefix ``outbox``: a JSON object with
@@ -155,6 +160,19 @@ class EventRouter:
             topic = self._template.format(aggregate_type=aggregate_type, event_type=event_type)
             self._topics[key] = topic
         return topic
+
+
+def event_from_fields(fields: RowFields) -> OutboxEvent:
+    id_, aggregate_type, aggregate_id, event_type, version, payload, headers = fields
+    return OutboxEvent(
+        id_.decode(),
+        aggregate_type.decode(),
+        aggregate_id,
+        event_type.decode(),
+        int(version),
+        payload,
+        parse_headers(headers) if headers is not None else (),
+    )
 
 
 def parse_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:

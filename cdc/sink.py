@@ -31,6 +31,7 @@ from cdc.errors import (
 )
 
 log = logging.getLogger("cdc.sink")
+kafka_log = logging.getLogger("cdc.kafka")
 
 Headers = list[tuple[str, str | bytes | None]]
 DeliveryCallback = Callable[[Any, Any], None]
@@ -77,9 +78,13 @@ class KafkaSink:
         self._last_error_log = 0.0
         conf = producer_config(settings)
         conf["error_cb"] = self._on_error
+        # librdkafka's own log lines go through logging (and so --log-format json), not raw to stderr.
+        conf["logger"] = kafka_log
         try:
             self._producer = Producer(conf)
-            self._admin = AdminClient(admin_config(settings))
+            admin_conf = admin_config(settings)
+            admin_conf["logger"] = kafka_log
+            self._admin = AdminClient(admin_conf)
         except KafkaException as exc:
             raise SinkError(f"cannot create the Kafka producer: {exc.args[0]}") from exc
         self._known_topics: set[str] = set()

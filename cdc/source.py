@@ -199,22 +199,26 @@ class ReplicationSource:
         if pgconn is None:
             raise SourceConnectionError("the replication stream is not started")
         out: list[bytes] = []
-        waited = False
+        append = out.append
+        get_copy_data = pgconn.get_copy_data
+        sock = [self._sock]
+        wait = timeout
         try:
             while True:
-                nbytes, data = pgconn.get_copy_data(1)
+                nbytes, data = get_copy_data(1)
                 if nbytes > 0:
-                    out.append(bytes(data))
+                    append(bytes(data))
                     if len(out) >= MAX_BATCH:
                         return out
                 elif nbytes == 0:
-                    if out or waited or timeout <= 0:
-                        return out
-                    ready, _, _ = select.select([self._sock], [], [], timeout)
+                    # libpq's buffer is empty. Keep reading while the socket has more (one socket read is
+                    # only a few dozen messages, and every batch costs a poll and a status check); wait
+                    # only when there is nothing at all yet.
+                    ready, _, _ = select.select(sock, [], [], 0 if out else wait)
                     if not ready:
                         return out
                     pgconn.consume_input()
-                    waited = True
+                    wait = 0
                 else:
                     result = pgconn.get_result()
                     message = "the server ended the stream" if result is None else _result_error(result)
@@ -238,6 +242,29 @@ class ReplicationSource:
             ) from exc
         self.last_status_at = time.monotonic()
         log.debug("status update: written %s, flushed %s", format_lsn(written), format_lsn(flushed))
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """End the stream politely: CopyDone, then read (and drop) what the server still sends until it ends
+        the COPY too. Closing the socket at once could reset it while the walsender is writing, and the
+        walsender would then exit without reading our last status update."""
+        pgconn = self._pgconn
+        if pgconn is not None:
+            deadline = time.monotonic() + timeout
+            try:
+                pgconn.put_copy_end()
+                pgconn.flush()
+                while (left := deadline - time.monotonic()) > 0:
+                    nbytes, _ = pgconn.get_copy_data(1)
+                    if nbytes == -1:
+                        while pgconn.get_result() is not None:
+                            pass
+                        break
+                    if nbytes == 0:
+                        select.select([self._sock], [], [], min(left, 0.5))
+                        pgconn.consume_input()
+            except psycopg.OperationalError as exc:
+                log.debug("replication connection ended while finishing: %s", _first_line(exc))
+        self.close()
 
     def close(self) -> None:
         conn, self._conn, self._pgconn = self._conn, None, None

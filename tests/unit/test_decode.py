@@ -491,6 +491,8 @@ def test_insert_fast_path_agrees_with_decode(name: str) -> None:
         if isinstance(msg, Insert):
             assert isinstance(envelope, XLogData)
             assert decode_insert_tuple(envelope.payload, in_stream=in_stream) == (msg.relation_oid, msg.new)
+            whole = b"w" + bytes(24) + envelope.payload  # the XLogData message as the pipeline reads it
+            assert decode_insert_tuple(whole, in_stream=in_stream, offset=25) == (msg.relation_oid, msg.new)
             checked += 1
             if in_stream:  # the in_stream flag matters: without it the xid is read as the relation OID
                 with pytest.raises(ProtocolError):

@@ -206,9 +206,7 @@ def workload(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
         {"label": "origin_insert", "xid": xid, "origin": "upstream_node", "origin_lsn": "0/ABCDEF01"}
     )
 
-    txn(
-        "two_phase_commit", (OUTBOX_INSERT, outbox_row(4)), finish="PREPARE TRANSACTION 'capture-gid-commit'"
-    )
+    txn("two_phase_commit", (OUTBOX_INSERT, outbox_row(4)), finish="PREPARE TRANSACTION 'capture-gid-commit'")
     conn.execute("COMMIT PREPARED 'capture-gid-commit'")
     steps[-1]["gid"] = "capture-gid-commit"
     txn(

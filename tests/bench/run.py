@@ -1,0 +1,630 @@
+"""`make bench`: the end-to-end benchmark of outbox CDC on the local stack.
+
+Phases, all in one run so that their ratios are measured side by side on the same (noisy) machine:
+
+1. set-up: a fresh database (``--database``, dropped and re-created), the outbox table and publication of
+   ``cdc setup``, one pgoutput slot per measured pass (pipeline and bare reader, times ``--repeat``), all
+   created before any insert so that every pass reads the same WAL; topics ``bench.<run id>.order`` and
+   ``bench.<run id>.dlq`` created with ``--partitions``.
+2. fill: ``--events`` OrderPlaced v1 rows in transactions of 100, committed by a procedure, pipeline off.
+3. throughput: ``python -m cdc run`` on its slot; the time from its start until the slot's
+   ``confirmed_flush_lsn`` reaches the LSN after the fill (polled every 0.2 s) gives events/s; its RSS is
+   sampled every 0.5 s. The bare reader (``tests.bench.bare_reader``) reads its own slot until it counted the
+   same inserts. Pipeline and bare reader alternate their order across repetitions.
+4. latency: a pipeline caught up on its slot, a separate process inserting 100-row transactions every 10 ms
+   (``--latency-rate``) for ``--latency-seconds``, and a consumer in this process measuring receive time minus
+   record timestamp (= commit time) per record.
+5. results: JSON (``--output``) and a summary on stdout. Clean-up (pipeline, slots, database, topics)
+   always runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import queue as queue_module
+import secrets
+import signal
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from cdc import setup as cdc_setup
+from cdc.config import load_settings
+from tests.bench import db
+from tests.bench.bare_reader import read_inserts
+from tests.bench.latency import LatencyConsumer, per_second, percentiles
+from tests.bench.load import bulk_fill, insert_marked, paced_load
+from tests.bench.procs import MachineCpu, PipelineProcess, Sampler, cpu_seconds, summarize_rss
+from tests.bench.profiles import cprofile_top, pyspy_top
+from tests.bench.report import TARGETS, summary, verdicts
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLICATION = "bench_outbox"
+POLL_INTERVAL = 0.2
+
+
+class BenchError(Exception):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, help="events of the throughput phase (default 1 000 000)")
+    p.add_argument("--quick", action="store_true", help="100 000 events and a 10 s latency phase")
+    p.add_argument("--rows-per-txn", type=int, default=100, help="rows per transaction (default 100)")
+    p.add_argument("--aggregates", type=int, default=500, help="distinct aggregate ids (default 500)")
+    p.add_argument("--partitions", type=int, default=6, help="partitions of the bench topic (default 6)")
+    p.add_argument("--repeat", type=int, default=1, help="throughput repetitions, order alternating")
+    p.add_argument("--latency-seconds", type=float, help="length of the latency phase (default 20, 0 = skip)")
+    p.add_argument("--latency-rate", type=float, default=10_000, help="offered events/s (default 10 000)")
+    p.add_argument(
+        "--loader-connections",
+        type=int,
+        default=4,
+        help="connections of the paced loader, so a slow commit does not hold up the schedule (default 4)",
+    )
+    p.add_argument("--database", default="cdc_bench", help="bench database, dropped and re-created")
+    p.add_argument("--output", type=Path, help="JSON file (default bench-results/bench-<timestamp>.json)")
+    p.add_argument(
+        "--profile",
+        choices=("none", "cprofile", "py-spy"),
+        default="none",
+        help="profile the first pipeline throughput pass (its rate is then not comparable)",
+    )
+    args = p.parse_args(argv)
+    if args.events is None:
+        args.events = 100_000 if args.quick else 1_000_000
+    if args.latency_seconds is None:
+        args.latency_seconds = 10.0 if args.quick else 20.0
+    if args.events <= 0 or args.events % args.rows_per_txn:
+        p.error(f"--events must be a positive multiple of --rows-per-txn ({args.rows_per_txn})")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    return args
+
+
+def machine_info(admin: psycopg.Connection[Any]) -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    row = admin.execute("SHOW server_version").fetchone()
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "postgres": row[0] if row else None,
+        "psycopg": f"{psycopg.__version__} ({psycopg.pq.__impl__})",
+        "confluent_kafka": _first(confluent_kafka.version()),
+        "librdkafka": _first(confluent_kafka.libversion()),
+    }
+
+
+def _first(version: object) -> str:
+    """confluent_kafka's version() and libversion() give (text, number); some versions give the text only."""
+    return str(version[0] if isinstance(version, tuple) else version)
+
+
+def kafka_pid() -> int | None:
+    try:
+        return int((ROOT / ".stack" / "kafka.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cores(before: float | None, after: float | None, seconds: float) -> float | None:
+    if before is None or after is None or seconds <= 0:
+        return None
+    return round((after - before) / seconds, 2)
+
+
+def _log_findings(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if " WARNING " in line or " ERROR " in line or "Traceback" in line][:20]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run_id = time.strftime("%Y%m%d%H%M%S") + secrets.token_hex(2)
+        self.stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.output = args.output or Path("bench-results") / f"bench-{self.stamp}.json"
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        admin_dsn = os.environ.get("CDC_DATABASE_URL")
+        bootstrap = os.environ.get("CDC_KAFKA_BOOTSTRAP_SERVERS")
+        if not admin_dsn or not bootstrap:
+            raise BenchError("CDC_DATABASE_URL and CDC_KAFKA_BOOTSTRAP_SERVERS must be set (. .stack/env)")
+        self.admin_dsn = admin_dsn
+        self.bootstrap = bootstrap
+        self.bench_dsn = db.dsn_for(admin_dsn, args.database)
+        self.topic = f"bench.{self.run_id}.order"
+        self.dlq_topic = f"bench.{self.run_id}.dlq"
+        self.pipeline_slots = [f"bench_{self.run_id}_pipeline_{i}" for i in range(args.repeat)]
+        self.bare_slots = [f"bench_{self.run_id}_bare_{i}" for i in range(args.repeat)]
+        self.next_row = 0  # generator index of the next row, so every event differs
+        self.extra_events = 0  # warm-up and marker rows of the latency phase
+        self.kafka_pid = kafka_pid()
+        self.result: dict[str, Any] = {
+            "run_id": self.run_id,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "targets": TARGETS,
+            "notes": [],
+        }
+        self._admin: psycopg.Connection[Any] | None = None
+        self._watch: db.SlotWatch | None = None
+        self._kafka_admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._pipelines: list[PipelineProcess] = []
+        self._consumer: LatencyConsumer | None = None
+        self._loader: Any = None
+        self._topics_created: list[str] = []
+
+    # -- phases ----------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        a = self.args
+        self._admin = db.connect(self.admin_dsn)
+        self.result["machine"] = machine_info(self._admin)
+        self.result["config"] = {
+            "events": a.events,
+            "rows_per_txn": a.rows_per_txn,
+            "aggregates": a.aggregates,
+            "partitions": a.partitions,
+            "repeat": a.repeat,
+            "latency_seconds": a.latency_seconds,
+            "latency_rate": a.latency_rate,
+            "loader_connections": a.loader_connections,
+            "database": a.database,
+            "topic": self.topic,
+            "profile": a.profile,
+            "poll_interval_s": POLL_INTERVAL,
+        }
+        self.prepare()
+        self._progress("fill", f"inserting {a.events:,} events")
+        fill = bulk_fill(
+            self.bench_dsn, events=a.events, rows_per_txn=a.rows_per_txn, aggregates=a.aggregates
+        )
+        self.next_row = a.events
+        self.result["fill"] = fill
+        self._progress("fill", f"{fill['seconds']:.1f} s, WAL {fill['wal_bytes'] / 2**20:,.0f} MiB")
+        target = fill["target_lsn"]
+
+        tp: dict[str, Any] = {"pipeline_runs": [], "bare_runs": []}
+        self.result["throughput"] = tp
+        for rep in range(a.repeat):
+            order = ("pipeline", "bare") if rep % 2 == 0 else ("bare", "pipeline")
+            for kind in order:
+                if kind == "pipeline":
+                    tp["pipeline_runs"].append(self.pipeline_pass(rep, target))
+                else:
+                    tp["bare_runs"].append(self.bare_pass(rep))
+        unprofiled = [r for r in tp["pipeline_runs"] if not r.get("profiled")] or tp["pipeline_runs"]
+        pipe = statistics.median(r["events_per_s"] for r in unprofiled)
+        pipe_streaming = statistics.median(r["streaming_events_per_s"] for r in unprofiled)
+        bare = statistics.median(r["events_per_s"] for r in tp["bare_runs"])
+        bare_streaming = statistics.median(r["streaming_events_per_s"] for r in tp["bare_runs"])
+        tp.update(
+            pipeline_events_per_s=round(pipe),
+            bare_events_per_s=round(bare),
+            ratio=round(pipe / bare, 3),
+            ratio_streaming=round(pipe_streaming / bare_streaming, 3),
+            aggregation="median over repetitions" if a.repeat > 1 else "single repetition",
+        )
+        if a.profile != "none":
+            self.result["notes"].append(
+                "pass 0 of the pipeline ran under the profiler"
+                + (
+                    " and is left out of the median"
+                    if a.repeat > 1
+                    else ": its rate and ratio are not comparable"
+                )
+            )
+
+        if a.latency_seconds > 0:
+            self.result["latency"] = self.latency_phase()
+        self.result["kafka_check"] = self.kafka_check()
+
+    def prepare(self) -> None:
+        a = self.args
+        admin = self._admin
+        assert admin is not None
+        self._progress("setup", f"database {a.database}, slots, topics {self.topic} / {self.dlq_topic}")
+        db.recreate_database(admin, a.database)
+        with db.connect(self.bench_dsn) as conn:
+            conn.execute(db.generator_sql())
+        settings = load_settings(
+            config_file=None, environ=self.pipeline_env(self.pipeline_slots[0]), overrides={}
+        )
+        outcomes = cdc_setup.apply(settings)
+        self.result["setup"] = dict(outcomes)
+        with db.connect(self.bench_dsn) as conn:
+            for slot in self.pipeline_slots[1:] + self.bare_slots:
+                db.create_slot(conn, slot)
+        self._watch = db.SlotWatch(self.admin_dsn)
+        topics = [NewTopic(self.topic, num_partitions=a.partitions, replication_factor=1)]
+        topics.append(NewTopic(self.dlq_topic, num_partitions=1, replication_factor=1))
+        for name, future in self._kafka_admin.create_topics(topics, operation_timeout=30).items():
+            future.result(timeout=60)
+            self._topics_created.append(name)
+
+    def pipeline_env(self, slot: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"}
+        env.update(
+            CDC_DATABASE_URL=self.bench_dsn,
+            CDC_SLOT=slot,
+            CDC_PUBLICATION=PUBLICATION,
+            CDC_TABLE=db.TABLE,
+            CDC_TOPIC_TEMPLATE=f"bench.{self.run_id}.{{aggregate_type}}",
+            CDC_DLQ_TOPIC=self.dlq_topic,
+            CDC_TOPIC_PARTITIONS=str(self.args.partitions),
+            CDC_SCHEMAS_DIR=str(ROOT / "schemas"),
+            CDC_LOG_LEVEL="WARNING",
+        )
+        return env
+
+    def start_pipeline(self, slot: str, name: str, profile: str = "none") -> PipelineProcess:
+        base = self.output.with_name(f"bench-{self.stamp}-{name}")
+        cprofile_out = base.with_suffix(".prof") if profile == "cprofile" else None
+        pyspy_out = base.with_suffix(".py-spy.txt") if profile == "py-spy" else None
+        proc = PipelineProcess(
+            self.pipeline_env(slot),
+            base.with_suffix(".log"),
+            ROOT,
+            cprofile_out=cprofile_out,
+            pyspy_out=pyspy_out,
+        )
+        self._pipelines.append(proc)
+        return proc
+
+    def stop_pipeline(self, proc: PipelineProcess) -> dict[str, Any]:
+        outcome = proc.stop()
+        self._pipelines.remove(proc)
+        return outcome
+
+    def pipeline_pass(self, rep: int, target: int) -> dict[str, Any]:
+        a = self.args
+        watch = self._watch
+        assert watch is not None
+        slot = self.pipeline_slots[rep]
+        profile = a.profile if rep == 0 else "none"
+        self._progress(
+            "pipeline",
+            f"pass {rep}: draining {a.events:,} events" + (f" under {profile}" if profile != "none" else ""),
+        )
+        start_lsn = watch.state(slot)[2]
+        timeout = max(300.0, a.events / 1000)
+        proc = self.start_pipeline(slot, f"pipeline-{rep}", profile)
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        t0 = proc.started
+        kafka_cpu0 = cpu_seconds(self.kafka_pid)
+        machine = MachineCpu()
+        progress: list[tuple[float, int]] = []
+        t_active = wal_pid = wal_cpu0 = None
+        while True:
+            code = proc.exited()
+            if code is not None:
+                raise BenchError(
+                    f"the pipeline exited with code {code} during pass {rep}:\n{proc.log_tail()}"
+                )
+            active, pid, confirmed = watch.state(slot)
+            now = time.monotonic()
+            if active and t_active is None:
+                t_active, wal_pid, wal_cpu0 = now, pid, cpu_seconds(pid)
+            progress.append((round(now - t0, 2), confirmed))
+            if confirmed >= target:
+                break
+            if now - t0 > timeout:
+                raise BenchError(
+                    f"pass {rep}: the slot did not reach the end of the fill within {timeout:g} s"
+                )
+            time.sleep(POLL_INTERVAL)
+        t_done = now
+        cpu = {
+            "pipeline": _cores(0.0, cpu_seconds(proc.pid), t_done - t0),
+            "walsender": _cores(wal_cpu0, cpu_seconds(wal_pid), t_done - (t_active or t0)),
+            "kafka": _cores(kafka_cpu0, cpu_seconds(self.kafka_pid), t_done - t0),
+            **machine.read(),
+        }
+        samples = sampler.stop()
+        stop = self.stop_pipeline(proc)
+        seconds = t_done - t0
+        streaming = t_done - (t_active or t0)
+        run = {
+            "repetition": rep,
+            "slot_start_lsn": start_lsn,
+            "target_lsn": target,
+            "events": a.events,
+            "seconds": round(seconds, 3),
+            "events_per_s": round(a.events / seconds),
+            "slot_active_after_s": round((t_active or t0) - t0, 3),
+            "streaming_seconds": round(streaming, 3),
+            "streaming_events_per_s": round(a.events / streaming),
+            "steady_events_per_s": _steady_rate(progress, start_lsn, target, a.events),
+            "cpu_cores": cpu,
+            "rss": summarize_rss(samples, start=(t_active or t0) - t0, end=seconds),
+            "stop": stop,
+            "log": str(proc.log_path),
+            "log_findings": _log_findings(proc.log_path),
+            "profiled": profile != "none",
+            "progress": [[t, lsn - start_lsn] for t, lsn in progress],
+        }
+        self._progress("pipeline", f"pass {rep}: {seconds:.2f} s, {run['events_per_s']:,} events/s")
+        if profile == "cprofile" and proc.log_path.with_suffix(".prof").exists():
+            self.result["profile"] = cprofile_top(proc.log_path.with_suffix(".prof"))
+        elif profile == "py-spy" and proc.log_path.with_suffix(".py-spy.txt").exists():
+            self.result["profile"] = pyspy_top(proc.log_path.with_suffix(".py-spy.txt"))
+        elif profile != "none":
+            self.result["notes"].append(f"{profile} wrote no profile; see {proc.log_path}")
+        return run
+
+    def bare_pass(self, rep: int) -> dict[str, Any]:
+        a = self.args
+        self._progress("bare", f"pass {rep}: reading {a.events:,} inserts")
+        machine = MachineCpu()
+        kafka_cpu0 = cpu_seconds(self.kafka_pid)
+        started = time.monotonic()
+        run = read_inserts(
+            self.bench_dsn,
+            slot=self.bare_slots[rep],
+            publication=PUBLICATION,
+            count=a.events,
+            timeout=max(300.0, a.events / 1000),
+        )
+        run["repetition"] = rep
+        run["cpu_cores"] = {
+            "kafka": _cores(kafka_cpu0, cpu_seconds(self.kafka_pid), time.monotonic() - started),
+            **machine.read(),
+        }
+        self._progress("bare", f"pass {rep}: {run['seconds']:.2f} s, {run['events_per_s']:,} events/s")
+        return run
+
+    def latency_phase(self) -> dict[str, Any]:
+        a = self.args
+        watch = self._watch
+        assert watch is not None
+        slot = self.pipeline_slots[-1]
+        self._progress("latency", f"{a.latency_rate:,.0f} events/s for {a.latency_seconds:g} s")
+        proc = self.start_pipeline(slot, "latency")
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        deadline = time.monotonic() + 60
+        while not watch.state(slot)[0]:
+            if proc.exited() is not None:
+                raise BenchError(f"the pipeline exited with code {proc.exited()}:\n{proc.log_tail()}")
+            if time.monotonic() > deadline:
+                raise BenchError("the pipeline did not start streaming within 60 s")
+            time.sleep(0.1)
+        wal_pid = watch.state(slot)[1]
+        consumer = self._consumer = LatencyConsumer(self.bootstrap, self.topic, f"bench-{self.run_id}")
+        consumer.start()
+        if not consumer.ready.wait(30) or consumer.errors:
+            raise BenchError(f"the latency consumer did not start: {consumer.errors}")
+        # Warm-up: one transaction through the whole path proves the pipeline and the consumer are live.
+        with db.connect(self.bench_dsn) as conn:
+            lsn = insert_marked(conn, first=self.next_row, rows=a.rows_per_txn, aggregates=a.aggregates)
+        self.next_row += a.rows_per_txn
+        self.extra_events += a.rows_per_txn
+        watch.wait_confirmed(slot, lsn, 60)
+        if not consumer.wait_count(a.rows_per_txn, 60):
+            raise BenchError(f"the warm-up records did not reach the consumer: {consumer.errors}")
+        base = consumer.count
+
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        cpu0 = {
+            "pipeline": cpu_seconds(proc.pid),
+            "walsender": cpu_seconds(wal_pid),
+            "kafka": cpu_seconds(self.kafka_pid),
+            "bench_process": cpu_seconds(os.getpid()),
+        }
+        machine = MachineCpu()
+        t0, wall0 = time.monotonic(), time.time()
+        loader = self._loader = ctx.Process(
+            target=paced_load,
+            args=(
+                self.bench_dsn,
+                a.latency_rate,
+                a.rows_per_txn,
+                a.latency_seconds,
+                self.next_row,
+                a.aggregates,
+                a.loader_connections,
+                queue,
+            ),
+            name="bench-loader",
+        )
+        loader.start()
+        offered = _result_of(loader, queue, a.latency_seconds + 120)
+        loader.join(30)
+        self._loader = None
+        if "error" in offered:
+            raise BenchError(f"the paced loader failed: {offered['error']}")
+        self.next_row += offered["events"]
+        received_all = consumer.wait_count(base + offered["events"], 120)
+        t_received = time.monotonic()
+        cpu1 = {
+            "pipeline": cpu_seconds(proc.pid),
+            "walsender": cpu_seconds(wal_pid),
+            "kafka": cpu_seconds(self.kafka_pid),
+            "bench_process": cpu_seconds(os.getpid()),
+        }
+        machine_cpu = machine.read()
+        # A last one-row transaction: the slot confirms it only after everything before it.
+        with db.connect(self.bench_dsn) as conn:
+            lsn = insert_marked(conn, first=self.next_row, rows=1, aggregates=a.aggregates)
+        self.next_row += 1
+        self.extra_events += 1
+        marker_confirmed = watch.wait_confirmed(slot, lsn, 120) - t_received
+        consumer.stop()
+        self._consumer = None
+        samples = sampler.stop()
+        stop = self.stop_pipeline(proc)
+        latencies = consumer.latencies_ms[base : base + offered["events"]]
+        window = t_received - t0
+        load_start, load_end = t0 - proc.started, t_received - proc.started
+        result = {
+            "offered": offered,
+            "commit_to_consume": percentiles(latencies),
+            "per_second": per_second(latencies, consumer.received_at[base : base + len(latencies)], wall0),
+            "received_all": received_all,
+            "consumer_errors": consumer.errors[:10],
+            "all_received_after_load_s": round(t_received - t0 - offered["seconds"], 3),
+            "slot_confirmed_marker_after_s": round(marker_confirmed, 3),
+            "cpu_cores": {
+                **{k: _cores(cpu0[k], cpu1[k], window) for k in cpu0},
+                "loader_process": round(offered.get("loader_cpu_seconds", 0) / window, 2),
+                **machine_cpu,
+            },
+            "rss": summarize_rss(samples, start=load_start, end=load_end),
+            "stop": stop,
+            "log": str(proc.log_path),
+            "log_findings": _log_findings(proc.log_path),
+            "method": "receive time (bench process, when poll() returned the record or the batch it came "
+            "in) minus the Kafka record timestamp, which the pipeline sets to the transaction's commit time "
+            "(ms, truncated): an upper bound of commit-to-ack",
+        }
+        c = result["commit_to_consume"]
+        self._progress(
+            "latency", f"p50 {c.get('p50_ms')} ms, p99 {c.get('p99_ms')} ms, max {c.get('max_ms')} ms"
+        )
+        return result
+
+    def kafka_check(self) -> dict[str, Any]:
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-{self.run_id}-check"})
+        try:
+            counts = {}
+            for topic in (self.topic, self.dlq_topic):
+                meta = consumer.list_topics(topic, timeout=10).topics[topic]
+                total = 0
+                for p in meta.partitions:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                    total += high - low
+                counts[topic] = total
+        finally:
+            consumer.close()
+        tp = self.result.get("throughput", {})
+        lat = self.result.get("latency", {})
+        expected = (
+            len(tp.get("pipeline_runs", [])) * self.args.events
+            + self.extra_events
+            + lat.get("offered", {}).get("events", 0)
+        )
+        return {"records": counts[self.topic], "expected": expected, "dlq_records": counts[self.dlq_topic]}
+
+    # -- clean-up --------------------------------------------------------------------------------------
+
+    def cleanup(self) -> list[str]:
+        problems = []
+
+        def attempt(what: str, action: Any) -> None:
+            try:
+                action()
+            except Exception as exc:  # keep cleaning up; report at the end
+                problems.append(f"{what}: {type(exc).__name__}: {exc}")
+
+        for proc in list(self._pipelines):
+            attempt("stop pipeline", lambda proc=proc: self.stop_pipeline(proc))
+        if self._loader is not None:
+            attempt("stop loader", lambda: (self._loader.terminate(), self._loader.join(10)))
+        if self._consumer is not None:
+            attempt("stop consumer", self._consumer.stop)
+        if self._watch is not None:
+            attempt("close slot watch", self._watch.close)
+        if self._admin is not None:
+            attempt("drop database and slots", lambda: db.drop_database(self._admin, self.args.database))
+            attempt("close admin connection", self._admin.close)
+        if self._topics_created:
+
+            def delete_topics() -> None:
+                futures = self._kafka_admin.delete_topics(self._topics_created, operation_timeout=30)
+                for future in futures.values():
+                    future.result(timeout=60)
+
+            attempt("delete topics", delete_topics)
+        return problems
+
+    @staticmethod
+    def _progress(phase: str, message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {phase}: {message}", file=sys.stderr, flush=True)
+
+
+def _result_of(process: Any, queue: Any, timeout: float) -> dict[str, Any]:
+    """The dict a child process puts on ``queue``; fails early when the child dies without one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result: dict[str, Any] = queue.get(timeout=0.5)
+            return result
+        except queue_module.Empty:
+            if not process.is_alive():
+                raise BenchError(
+                    f"the paced loader exited with code {process.exitcode} and no result"
+                ) from None
+            if time.monotonic() > deadline:
+                raise BenchError(f"the paced loader gave no result within {timeout:g} s") from None
+
+
+def _steady_rate(progress: list[tuple[float, int]], start: int, target: int, events: int) -> int | None:
+    """Events/s between 10 % and 90 % of the WAL to read (events are spread evenly over it)."""
+    span = target - start
+    if span <= 0:
+        return None
+    t10 = next((t for t, lsn in progress if lsn - start >= 0.1 * span), None)
+    t90 = next((t for t, lsn in progress if lsn - start >= 0.9 * span), None)
+    if t10 is None or t90 is None or t90 <= t10:
+        return None
+    return round(0.8 * events / (t90 - t10))
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    bench = Bench(args)
+    code = 0
+    try:
+        bench.run()
+    except (Exception, KeyboardInterrupt) as exc:
+        code = 1
+        bench.result["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    finally:
+        problems = bench.cleanup()
+        if problems:
+            bench.result["cleanup_problems"] = problems
+            code = code or 1
+    bench.result["verdicts"] = verdicts(bench.result)
+    bench.result["output"] = str(bench.output)
+    bench.output.write_text(json.dumps(bench.result, indent=2) + "\n")
+    print("\n".join(summary(bench.result)))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

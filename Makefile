@@ -46,5 +46,6 @@ demo: $(STAMP) ## run the pipeline end to end on the local stack (stops the stac
 bench: $(STAMP) stack-up ## the end-to-end benchmark; figures go to bench-results/
 	. .stack/env && $(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
-clean: stack-down ## stop the stack and remove its state and the venv
-	rm -rf .stack $(VENV)
+clean: ## stop the stack and remove its state and the venv
+	bash stack/stack.sh clean
+	rm -rf $(VENV)

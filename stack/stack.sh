@@ -5,6 +5,7 @@
 #   stack/stack.sh up       start what is not running yet (idempotent), then write .stack/env
 #   stack/stack.sh down     stop only the processes this script started (pid files)
 #   stack/stack.sh status   say what runs, and where its log is
+#   stack/stack.sh clean    down, then remove the stack's state (the Kafka jars too)
 #
 # Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT and
 # CDC_STACK_KAFKA_CONTROLLER_PORT.
@@ -18,8 +19,6 @@ KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-59093}
 PG_DB=cdc
 PG_SUPERUSER=postgres
 
-PG_DATA=$STACK_DIR/pg
-PG_RUN=$STACK_DIR/run
 PG_LOG=$STACK_DIR/logs/postgres.log
 KAFKA_HOME=$STACK_DIR/kafka
 KAFKA_LIBS=$KAFKA_HOME/libs
@@ -35,6 +34,32 @@ fail() {
 }
 
 is_root() { [ "$(id -u)" = 0 ]; }
+
+# Where the cluster lives. Normally .stack/pg; but as root the server runs as 'postgres', which may not be
+# allowed into this checkout (a clone under /root), and a Unix socket path may not exceed ~107 bytes. Then
+# the cluster moves to a directory of its own under /var/tmp, named after the checkout. The choice is made
+# once, at the first start, and kept in .stack/pg-base so that down and status find the same cluster.
+set_pg_paths() {
+    PG_BASE=$STACK_DIR
+    [ -f "$STACK_DIR/pg-base" ] && PG_BASE=$(cat "$STACK_DIR/pg-base")
+    PG_DATA=$PG_BASE/pg
+    PG_RUN=$PG_BASE/run
+}
+
+choose_pg_base() {
+    [ -f "$STACK_DIR/pg-base" ] && return 0
+    local base=$STACK_DIR
+    if { is_root && ! runuser -u postgres -- test -x "$STACK_DIR" 2>/dev/null; } ||
+        [ ${#STACK_DIR} -gt 70 ]; then
+        base=/var/tmp/outbox-cdc-$(printf '%s' "$STACK_DIR" | sha1sum | cut -c1-12)
+        mkdir -p "$base"
+        chmod 755 "$base"
+        say "the cluster goes to $base (postgres cannot enter $STACK_DIR, or its path is too long)"
+    fi
+    printf '%s' "$base" >"$STACK_DIR/pg-base"
+    set_pg_paths
+}
+set_pg_paths
 
 # PostgreSQL refuses to run as root; as root we run it as the 'postgres' user that Debian's package creates.
 as_pg() {
@@ -74,8 +99,8 @@ init_postgres() {
     say "creating a PostgreSQL cluster in $PG_DATA"
     if is_root; then
         id postgres >/dev/null 2>&1 || fail "the 'postgres' system user is missing (reinstall Debian's postgresql package)"
-        runuser -u postgres -- test -x "$STACK_DIR" ||
-            fail "the 'postgres' user cannot enter $STACK_DIR: make its parent directories world-executable (chmod o+x)"
+        runuser -u postgres -- test -x "$PG_BASE" ||
+            fail "the 'postgres' user cannot enter $PG_BASE: make its parent directories world-executable (chmod o+x)"
     fi
     if [ ! -f "$STACK_DIR/pg-password" ]; then
         (umask 077 && head -c 18 /dev/urandom | base64 | tr -d '+/=' >"$STACK_DIR/pg-password")
@@ -115,6 +140,7 @@ EOF
 
 start_postgres() {
     ensure_postgres_installed
+    choose_pg_base
     init_postgres
     if pg_running; then
         say "postgres already running on 127.0.0.1:$PG_PORT"
@@ -284,12 +310,20 @@ cmd_status() {
     return $rc
 }
 
+cmd_clean() {
+    cmd_down
+    [ "$PG_BASE" != "$STACK_DIR" ] && rm -rf "$PG_BASE"
+    rm -rf "$STACK_DIR"
+    say "removed $STACK_DIR"
+}
+
 case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
+    clean) cmd_clean ;;
     *)
-        echo "usage: stack/stack.sh up|down|status" >&2
+        echo "usage: stack/stack.sh up|down|status|clean" >&2
         exit 2
         ;;
 esac

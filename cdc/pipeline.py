@@ -256,16 +256,21 @@ class Pipeline:
         if raw_headers is not None:
             headers.extend(parse_headers(raw_headers))
         try:
-            self._produce(topic, aggregate_id, value, headers, txn)
+            # The route's topic was made sure of when the route was cached.
+            self.sink.produce(
+                topic, aggregate_id, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive
+            )
         except EventTooLargeError as exc:
             self._dead_letter(event_from_fields(fields), exc, topic)
             return
+        txn.sent()
         self.events_published += 1
 
     def _route_for(self, aggregate_type: bytes, event_type: bytes, version: bytes) -> _Route:
         """Topic and bound encoder of one (aggregate type, event type, version); cached when it works."""
         at, et = aggregate_type.decode(), event_type.decode()
         route = (self.router.topic(at, et), self.encoder.encoder_for(et, int(version)))
+        self._ensure_topic(route[0])
         self._routes[(aggregate_type, event_type, version)] = route
         return route
 

@@ -19,7 +19,6 @@ KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-59093}
 PG_DB=cdc
 PG_SUPERUSER=postgres
 
-PG_LOG=$STACK_DIR/logs/postgres.log
 KAFKA_HOME=$STACK_DIR/kafka
 KAFKA_LIBS=$KAFKA_HOME/libs
 KAFKA_DATA=$KAFKA_HOME/data
@@ -44,6 +43,7 @@ set_pg_paths() {
     [ -f "$STACK_DIR/pg-base" ] && PG_BASE=$(cat "$STACK_DIR/pg-base")
     PG_DATA=$PG_BASE/pg
     PG_RUN=$PG_BASE/run
+    PG_LOG=$PG_BASE/logs/postgres.log
 }
 
 choose_pg_base() {
@@ -63,7 +63,7 @@ set_pg_paths
 
 # PostgreSQL refuses to run as root; as root we run it as the 'postgres' user that Debian's package creates.
 as_pg() {
-    if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
+    if is_root; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 
 apt_install() {
@@ -146,7 +146,7 @@ start_postgres() {
         say "postgres already running on 127.0.0.1:$PG_PORT"
     else
         say "starting postgres on 127.0.0.1:$PG_PORT"
-        mkdir -p "$PG_RUN"
+        mkdir -p "$PG_RUN" "$(dirname "$PG_LOG")"
         touch "$PG_LOG"
         if is_root; then chown postgres: "$PG_RUN" "$PG_LOG"; fi
         as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start >/dev/null ||

@@ -46,7 +46,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.kafka.bootstrap_servers,
         "compression.type": "lz4",
-        "linger.ms": 5,
+        "linger.ms": 10,
         "batch.num.messages": 10_000,
         "batch.size": 1_000_000,
         # Bounded in count and bytes: the in-flight window is what a restart may publish twice.

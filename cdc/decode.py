@@ -302,11 +302,10 @@ def _tuple(
     for _ in range(count):
         kind = data[pos]
         if kind == _T:
-            end = pos + 5 + unpack_u32(data, pos + 1)[0]
-            if end > size:
-                raise _Truncated
-            append(data[pos + 5 : end])
-            pos = end
+            # A length past the end is caught once, after the loop: the slice just comes out short.
+            start = pos + 5
+            pos = start + unpack_u32(data, pos + 1)[0]
+            append(data[start:pos])
         elif kind == _N:
             append(None)
             pos += 1
@@ -321,6 +320,8 @@ def _tuple(
             pos = end
         else:
             raise ProtocolError(f"unknown tuple column kind {chr(kind)!r} at byte {pos}")
+    if pos > size:
+        raise _Truncated
     return tuple(values), pos
 
 

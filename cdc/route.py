@@ -12,13 +12,15 @@ Column values arrive as the text output of their types (bytes). The payload stay
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import orjson
 
 from cdc.config import ColumnMap, Settings
-from cdc.decode import Relation, Values
+from cdc.decode import UNCHANGED_TOAST, Relation, Values
 from cdc.errors import ConfigError, MalformedEventError
 
 log = logging.getLogger("cdc.route")
@@ -53,6 +55,7 @@ class EventRouter:
         self.outbox_oid: int | None = None
         # Positions of the logical fields in the table's tuples, set by the Relation message.
         self._pos: tuple[int, ...] = ()
+        self._required: Callable[[Values], Any] = _no_relation_yet
         self._pos_version: int | None = None
         self._pos_headers: int | None = None
 
@@ -78,6 +81,7 @@ class EventRouter:
 
         required = tuple(position(f) for f in REQUIRED)
         self._pos = tuple(p for p in required if p is not None)
+        self._required = itemgetter(*self._pos)
         self._pos_version = position("schema_version")
         self._pos_headers = position("headers")
         self.outbox_oid = rel.oid
@@ -89,25 +93,21 @@ class EventRouter:
 
         The pipeline's hot path: no decoding to ``str``, no object per event. A missing schema_version
         column reads as ``b"1"``; ``headers`` is None when absent or null."""
+        pv, ph = self._pos_version, self._pos_headers
         try:
-            id_, aggregate_type, aggregate_id, event_type, payload = [values[p] for p in self._pos]
-            pv, ph = self._pos_version, self._pos_headers
+            required = self._required(values)
             version = b"1" if pv is None else values[pv]
             headers = None if ph is None else values[ph]
         except IndexError:
             raise MalformedEventError("outbox row has fewer columns than its Relation message") from None
-        if (
-            type(id_) is not bytes
-            or type(aggregate_type) is not bytes
-            or type(aggregate_id) is not bytes
-            or type(event_type) is not bytes
-            or type(payload) is not bytes
-        ):
+        # Text values are bytes; None is SQL NULL, UNCHANGED_TOAST a value the server did not send.
+        if None in required or UNCHANGED_TOAST in required:
             raise MalformedEventError(_null_message(self._columns, values, self._pos))
         if type(version) is not bytes or not version.isdigit():
             raise MalformedEventError(
                 f"outbox column '{self._columns.schema_version}' is null or not a number"
             )
+        id_, aggregate_type, aggregate_id, event_type, payload = required
         return (
             id_,
             aggregate_type,
@@ -116,7 +116,7 @@ class EventRouter:
             version,
             payload,
             headers if type(headers) is bytes else None,
-        )
+        )  # the None and UNCHANGED_TOAST checks above leave bytes only
 
     def from_row(self, values: Values) -> OutboxEvent:
         """The event of one outbox Insert."""
@@ -160,6 +160,10 @@ class EventRouter:
             topic = self._template.format(aggregate_type=aggregate_type, event_type=event_type)
             self._topics[key] = topic
         return topic
+
+
+def _no_relation_yet(values: Values) -> Any:
+    raise MalformedEventError("an outbox row arrived before its table's Relation message")
 
 
 def event_from_fields(fields: RowFields) -> OutboxEvent:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.plugins.services import service_missing
@@ -78,54 +78,58 @@ def topic_factory(
     delete_topics(kafka_admin, names)
 
 
+def read_topic(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> list[Record]:
+    """The records of `topic` from the beginning, stopping at `n` records or after `timeout` seconds (then
+    it returns what it has, and the caller's assertion says what is missing). Waits for the topic to exist.
+    Partitions are assigned, not subscribed: no consumer group to form, and no rebalance that would re-read
+    a partition and show phantom duplicates."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    records: list[Record] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # the pipeline may not have created the topic yet
+            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+            if metadata is not None and metadata.error is None and metadata.partitions:
+                break
+            if time.monotonic() >= deadline:
+                return records
+            time.sleep(0.2)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
+        while len(records) < n and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=min(10_000, n - len(records)), timeout=0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                        continue
+                    raise KafkaException(err)
+                records.append(
+                    Record(
+                        topic=msg.topic(),
+                        partition=msg.partition(),
+                        offset=msg.offset(),
+                        key=msg.key(),
+                        value=msg.value(),
+                        headers={k: v for k, v in (msg.headers() or [])},
+                        timestamp_ms=msg.timestamp()[1],
+                    )
+                )
+    finally:
+        consumer.close()
+    return records
+
+
 @pytest.fixture
 def consume(kafka_bootstrap: str) -> Callable[..., list[Record]]:
-    """`consume(topic, n, timeout=30)`: the records of `topic` from the beginning, stopping at `n` records or
-    after `timeout` seconds (then it returns what it has, and the caller's assertion says what is missing)."""
+    """`consume(topic, n, timeout=30)`: `read_topic` on the shared broker."""
 
     def read(topic: str, n: int, timeout: float = 30.0) -> list[Record]:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": kafka_bootstrap,
-                "group.id": f"test-{uuid.uuid4().hex}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                # A topic the pipeline creates after subscribe() must be noticed within the timeout.
-                "topic.metadata.refresh.interval.ms": 1000,
-            }
-        )
-        records: list[Record] = []
-        # Without committed offsets, a rebalance (e.g. when a subscribed topic appears) re-reads partitions
-        # from the start: count each (partition, offset) once, or tests would see phantom duplicates.
-        seen: set[tuple[int, int]] = set()
-        try:
-            consumer.subscribe([topic])
-            deadline = time.monotonic() + timeout
-            while len(records) < n and time.monotonic() < deadline:
-                batch = consumer.consume(num_messages=min(10_000, n - len(records)), timeout=0.5)
-                for msg in batch:
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
-                            continue
-                        raise KafkaException(err)
-                    if (msg.partition(), msg.offset()) in seen:
-                        continue
-                    seen.add((msg.partition(), msg.offset()))
-                    records.append(
-                        Record(
-                            topic=msg.topic(),
-                            partition=msg.partition(),
-                            offset=msg.offset(),
-                            key=msg.key(),
-                            value=msg.value(),
-                            headers={k: v for k, v in (msg.headers() or [])},
-                            timestamp_ms=msg.timestamp()[1],
-                        )
-                    )
-        finally:
-            consumer.close()
-        return records
+        return read_topic(kafka_bootstrap, topic, n, timeout)
 
     return read

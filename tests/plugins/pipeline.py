@@ -29,12 +29,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cdc.config import Settings, load_settings
 from cdc.errors import parse_lsn
-from tests.plugins.kafka import Record, delete_topics
+from tests.plugins.kafka import Record, delete_topics, read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS_DIR = ROOT / "schemas"
@@ -91,51 +91,6 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval
 
 
 # -- Kafka helpers that take the bootstrap servers (the shared broker or the private one) --------------------
-
-
-def read_topic(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> list[Record]:
-    """Like the `consume` fixture, for any broker: the records of `topic` from the beginning, stopping at `n`
-    records or after `timeout` seconds. Partitions are assigned, not subscribed: no consumer group to form
-    (a fresh broker would first have to create its offsets topic)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"test-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-        }
-    )
-    records: list[Record] = []
-    try:
-        deadline = time.monotonic() + timeout
-        while True:  # the topic may not be created yet
-            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-            if metadata is not None and metadata.error is None and metadata.partitions:
-                break
-            if time.monotonic() >= deadline:
-                return records
-            time.sleep(0.2)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
-        while len(records) < n and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=min(10_000, n - len(records)), timeout=0.5):
-                err = msg.error()
-                if err is not None:
-                    if err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
-                        continue
-                    raise KafkaException(err)
-                records.append(
-                    Record(
-                        topic=msg.topic(),
-                        partition=msg.partition(),
-                        offset=msg.offset(),
-                        key=msg.key(),
-                        value=msg.value(),
-                        headers={k: v for k, v in (msg.headers() or [])},
-                        timestamp_ms=msg.timestamp()[1],
-                    )
-                )
-    finally:
-        consumer.close()
-    return records
 
 
 def topic_size(bootstrap: str, topic: str) -> int:

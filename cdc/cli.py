@@ -144,6 +144,7 @@ def config_show(config_file: Path | None, as_json: bool, **flags: Any) -> None:
     """Print the effective settings, secrets redacted, with where each value came from."""
     settings = build_settings(config_file, **flags)
     data = settings.redacted()
+    data.pop("sources", None)  # shown as the comment of each line, or left out of the JSON
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return

@@ -21,6 +21,7 @@ import fastavro
 import orjson
 import psycopg
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
 
 from cdc.config import load_settings
 from cdc.encode import SchemaStore
@@ -163,7 +164,12 @@ def main() -> int:
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot('cdc_demo')")
             conn.execute("DROP PUBLICATION IF EXISTS cdc_demo")
-        print("  dropped the demo slot and publication")
+        admin = AdminClient({"bootstrap.servers": os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"]})
+        topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"demo.{RUN}.")]
+        if topics:
+            for future in admin.delete_topics(topics).values():
+                future.result(timeout=30)
+        print(f"  dropped the demo slot and publication, and its {len(topics)} topics")
     return code
 
 

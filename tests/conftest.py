@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.plugins.postgres",
     "tests.plugins.kafka",
     "tests.plugins.pipeline",
+    "tests.plugins.pgcluster",
 ]

@@ -44,3 +44,33 @@ def test_lost_replication_connection_is_retried_and_nothing_is_lost(
     assert not expected - set(got), f"{len(expected - set(got))} events lost across the reconnects"
     assert set(got) <= expected
     assert proc.terminate() == 0, proc.tail()
+
+
+def test_timed_out_delivery_stops_with_exit_1_without_confirming_past_it(
+    outbox, private_kafka, pipeline_process
+):
+    """Kafka gone for longer than delivery_timeout: one clear line, exit 1, the slot stays before the
+    events Kafka never acknowledged; a restart (with the broker back) delivers them."""
+    proc = pipeline_process(CDC_KAFKA_BOOTSTRAP_SERVERS=private_kafka.bootstrap, CDC_DELIVERY_TIMEOUT="3")
+    proc.wait_streaming()
+    first = outbox.commit([outbox.event("agg-1")])
+    topic = outbox.topic("order")
+    assert len(private_kafka.consume(topic, 1, timeout=60)) == 1
+    wait_until(lambda: outbox.confirmed_lsn() >= first.lsn_after, 30, "the first event to be confirmed")
+
+    private_kafka.stop()
+    lost = outbox.commit([outbox.event("agg-1"), outbox.event("agg-2")])
+    assert proc.wait(timeout=60) == 1, proc.tail()
+    errors = [line for line in proc.log().splitlines() if line.startswith("cdc: error:")]
+    assert len(errors) == 1, proc.tail()
+    assert "Kafka refused an event of transaction" in errors[0]
+    assert "without confirming past it" in errors[0]
+    assert outbox.confirmed_lsn() < lost.lsn_after
+
+    private_kafka.start()
+    proc2 = pipeline_process(CDC_KAFKA_BOOTSTRAP_SERVERS=private_kafka.bootstrap)
+    proc2.wait_streaming()
+    records = private_kafka.consume(topic, 3, timeout=60)
+    assert set(lost.ids) <= {r.headers["id"].decode() for r in records}
+    wait_until(lambda: outbox.confirmed_lsn() >= lost.lsn_after, 30, "the redelivered events to be confirmed")
+    assert proc2.terminate() == 0

@@ -44,7 +44,8 @@ def test_configuration_error_exits_2_with_one_line_naming_the_key():
     result = run(["config", "show"], {"CDC_STATUS_INTERVAL": "soon"})
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "cdc: error: setting 'status_interval' (from CDC_STATUS_INTERVAL) must be a number of seconds, got 'soon'"
+        "cdc: error: setting 'status_interval' (from CDC_STATUS_INTERVAL) must be a number of seconds, "
+        "got 'soon'"
     ]
 
 

@@ -111,7 +111,13 @@ def run(config_file: Path | None, **flags: Any) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    pipeline.run()
+    try:
+        pipeline.run()
+    finally:
+        # Shut down and confirmed: a late second signal must not turn the clean exit into a kill while
+        # the interpreter winds down (it restores the default handlers, and librdkafka's teardown takes time).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @main.command()

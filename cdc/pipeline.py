@@ -47,7 +47,7 @@ from cdc.errors import (
     TopicMissingError,
     format_lsn,
 )
-from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, event_from_fields, parse_headers
+from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, RowFields, event_from_fields, parse_headers
 from cdc.sink import Headers, KafkaSink
 from cdc.source import ReplicationSource, preflight
 
@@ -221,29 +221,28 @@ class Pipeline:
                 self._send_status()
 
     def _outbox_insert(self, values: Values) -> None:
-        """One outbox row: encode and produce it, on the fast path when its route is known."""
-        txn = self._txn
-        if txn is None:
-            raise CdcError("an outbox change arrived outside a transaction", lsn=self._received)
         try:
             fields = self.router.row_fields(values)
         except MalformedEventError as exc:
             self._dead_letter_raw(exc)
             return
+        self._emit(fields)
+
+    def _emit(self, fields: RowFields) -> None:
+        """One event (a row or a message): encode and produce it, with a cached (topic, encoder) route."""
+        txn = self._txn
+        if txn is None:
+            raise CdcError("an outbox event arrived outside a transaction", lsn=self._received)
         id_, aggregate_type, aggregate_id, event_type, version, payload, raw_headers = fields
         route = self._routes.get((aggregate_type, event_type, version))
-        if route is None:
-            try:
-                route = self._route_for(aggregate_type, event_type, version)
-            except EventError:
-                # No usable schema: the general path builds the event and sends it to the DLQ.
-                self._publish(event_from_fields(fields))
-                return
-        topic, encode = route
         try:
+            if route is None:
+                route = self._route_for(aggregate_type, event_type, version)
+            topic, encode = route
             value = encode(payload)
-        except EventError:
-            self._publish(event_from_fields(fields))
+        except EventError as exc:
+            original = self.router.topic(aggregate_type.decode(), event_type.decode())
+            self._dead_letter(event_from_fields(fields), exc, original)
             return
         headers: Headers = [
             ("id", id_),
@@ -263,6 +262,7 @@ class Pipeline:
         except EventTooLargeError as exc:
             self._dead_letter(event_from_fields(fields), exc, topic)
             return
+        # Counted once handed over: its delivery report can only come from a later poll().
         txn.sent()
         self.events_published += 1
 
@@ -301,52 +301,13 @@ class Pipeline:
                     )
                     return
                 try:
-                    event = self.router.from_message(message.content)
+                    fields = self.router.message_fields(message.content)
                 except MalformedEventError as exc:
                     self._dead_letter_raw(exc)
                     return
-                self._publish(event)
+                self._emit(fields)
         elif isinstance(message, Update | Delete | Truncate):
             log.debug("ignored %s on a published table: only inserts are events", type(message).__name__)
-
-    def _publish(self, event: OutboxEvent) -> None:
-        txn = self._txn
-        if txn is None:
-            raise CdcError("an outbox change arrived outside a transaction", lsn=self._received)
-        topic = self.router.topic(event.aggregate_type, event.event_type)
-        try:
-            value = self.encoder.encode(event.event_type, event.schema_version, event.payload)
-        except EventError as exc:
-            self._dead_letter(event, exc, topic)
-            return
-        headers: Headers = [
-            ("id", event.id.encode()),
-            ("event_type", event.event_type.encode()),
-            ("schema_version", str(event.schema_version).encode()),
-            ("aggregate_type", event.aggregate_type.encode()),
-            ("commit_lsn", self._txn_lsn),
-            ("xid", self._txn_xid),
-            *event.headers,
-        ]
-        try:
-            self._produce(topic, event.aggregate_id, value, headers, txn)
-        except EventTooLargeError as exc:
-            self._dead_letter(event, exc, topic)
-            return
-        self.events_published += 1
-
-    def _produce(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers,
-        txn: Transaction,
-    ) -> None:
-        self._ensure_topic(topic)
-        self.sink.produce(topic, key, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive)
-        # Counted once handed over: its delivery report can only come from a later poll().
-        txn.sent()
 
     # -- bad events ------------------------------------------------------------------------------------
 
@@ -394,7 +355,10 @@ class Pipeline:
         txn = self._txn
         if txn is None:
             raise CdcError("a dead-letter event arrived outside a transaction", lsn=self._received)
-        self._produce(self.settings.dlq_topic, key, value, headers, txn)
+        topic = self.settings.dlq_topic
+        self._ensure_topic(topic)
+        self.sink.produce(topic, key, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive)
+        txn.sent()
         self.events_dead_lettered += 1
 
     # -- waiting and status ----------------------------------------------------------------------------

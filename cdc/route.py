@@ -122,10 +122,10 @@ class EventRouter:
         """The event of one outbox Insert."""
         return event_from_fields(self.row_fields(values))
 
-    def from_message(self, content: bytes) -> OutboxEvent:
-        """The event of a transactional logical message with the prefix ``outbox``: a JSON object with
-        the fields id, aggregate_type, aggregate_id, event_type, payload, and optionally schema_version and
-        headers."""
+    def message_fields(self, content: bytes) -> RowFields:
+        """The fields of a transactional logical message with the prefix ``outbox``, in the shape of
+        :meth:`row_fields`: its body is a JSON object with id, aggregate_type, aggregate_id, event_type,
+        payload, and optionally schema_version and headers."""
         try:
             body = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -140,17 +140,17 @@ class EventRouter:
         if wrong:
             raise MalformedEventError(f"outbox logical message field(s) {', '.join(wrong)} must be strings")
         version = body.get("schema_version", 1)
-        if type(version) is not int:
+        if type(version) is not int or version < 0:
             raise MalformedEventError("outbox logical message field schema_version must be an integer")
         headers = body.get("headers")
-        return OutboxEvent(
-            strings["id"],
-            strings["aggregate_type"],
+        return (
+            strings["id"].encode(),
+            strings["aggregate_type"].encode(),
             strings["aggregate_id"].encode(),
-            strings["event_type"],
-            version,
+            strings["event_type"].encode(),
+            str(version).encode(),
             orjson.dumps(body["payload"]),
-            header_pairs(headers) if isinstance(headers, dict) else (),
+            orjson.dumps(headers) if isinstance(headers, dict) else None,
         )
 
     def topic(self, aggregate_type: str, event_type: str) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 
 from cdc.config import Settings
-from cdc.errors import CdcError, SourceConnectionError, WalLevelError
-from cdc.source import quote_ident, quote_literal
+from cdc.errors import CdcError, SourceConnectionError
+from cdc.source import check_wal_level, quote_ident, quote_literal
 
 log = logging.getLogger("cdc.setup")
 
@@ -73,17 +73,6 @@ def _fill(match: re.Match[str], *, values: dict[str, str], path: Path) -> str:
         raise CdcError(f"{path.name}: unknown marker {{{{{match.group(1)}}}}}") from None
 
 
-def check_server(conn: psycopg.Connection[Any]) -> None:
-    """Refuse with the exact fix when the server cannot do logical decoding for us."""
-    wal_level = conn.execute("SHOW wal_level").fetchone()
-    if wal_level is None or wal_level[0] != "logical":
-        raise WalLevelError(
-            f"wal_level is '{wal_level[0] if wal_level else '?'}', logical decoding needs 'logical'. Run:\n"
-            "  ALTER SYSTEM SET wal_level = logical;\n"
-            "and restart PostgreSQL (a reload is not enough)."
-        )
-
-
 def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]:
     """Apply the scripts; returns (script, outcome) pairs. With ``dry_run``, nothing is sent to the server."""
     steps = render(settings)
@@ -96,7 +85,7 @@ def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]
         raise SourceConnectionError(f"cannot connect to PostgreSQL: {first}") from exc
     outcomes = []
     with conn:
-        check_server(conn)
+        check_wal_level(conn)
         for step in steps:
             before = _objects(conn, settings)
             try:

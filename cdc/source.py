@@ -80,6 +80,16 @@ def pgoutput_options(server_version: int, publication: str) -> dict[str, str]:
     return options
 
 
+def check_wal_level(conn: psycopg.Connection[Any]) -> None:
+    """Refuse, with the fix, when the server cannot do logical decoding."""
+    wal_level = _scalar(conn, "SHOW wal_level")
+    if wal_level != "logical":
+        raise WalLevelError(
+            f"PostgreSQL runs with wal_level = '{wal_level}', logical decoding needs 'logical'. Fix: run "
+            "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)"
+        )
+
+
 def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) -> SlotInfo:
     """Refuse plainly, before streaming, when the database cannot stream the outbox safely."""
     try:
@@ -88,12 +98,7 @@ def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) 
         raise SourceConnectionError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from exc
     with conn:
         server_version = conn.info.server_version
-        wal_level = _scalar(conn, "SHOW wal_level")
-        if wal_level != "logical":
-            raise WalLevelError(
-                f"PostgreSQL runs with wal_level = '{wal_level}', logical decoding needs 'logical'. Fix: run "
-                "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)"
-            )
+        check_wal_level(conn)
         dbname = conn.info.dbname
         row = conn.execute(
             "SELECT plugin, slot_type, database, active, active_pid, wal_status,"

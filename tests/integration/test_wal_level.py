@@ -1,5 +1,6 @@
-"""`cdc run` and `cdc setup` against a real PostgreSQL that runs with ``wal_level = replica``: a plain refusal
-(exit code 2, one ``cdc: error:`` line that names wal_level and the fix), and nothing created on the server."""
+"""`cdc run` and `cdc setup` against a real PostgreSQL that runs with ``wal_level = replica``: a plain
+refusal (exit code 2, one ``cdc: error:`` line that names wal_level and the fix), and nothing created on the
+server."""
 
 from __future__ import annotations
 

@@ -132,7 +132,8 @@ def replica_cluster() -> Iterator[str]:
     bindir = pg_bindir()
     if bindir is None or not (bindir / "pg_ctl").is_file():
         service_missing(
-            "PostgreSQL's server binaries are missing (no CDC_STACK_PG_BIN, no /usr/lib/postgresql/*/bin/initdb)"
+            "PostgreSQL's server binaries are missing "
+            "(no CDC_STACK_PG_BIN, no /usr/lib/postgresql/*/bin/initdb)"
         )
         raise AssertionError("unreachable")
     if _is_root() and subprocess.run(["id", PG_SUPERUSER], capture_output=True).returncode != 0:

@@ -6,7 +6,7 @@ import pytest
 from cdc.config import load_settings
 from cdc.decode import UNCHANGED_TOAST, Column, Relation
 from cdc.errors import ConfigError, MalformedEventError
-from cdc.route import EventRouter
+from cdc.route import EventRouter, event_from_fields
 
 DEFAULT_COLUMNS = [
     "id",
@@ -120,7 +120,9 @@ def test_logical_message_becomes_an_event():
         "payload": {"order_id": "o-7"},
         "headers": {"k": "v"},
     }
-    event = router().from_message(orjson.dumps(body))
+    fields = router().message_fields(orjson.dumps(body))
+    assert fields[:5] == (b"e-7", b"order", b"o-7", b"OrderShipped", b"1")
+    event = event_from_fields(fields)
     assert (event.id, event.aggregate_id, event.event_type) == ("e-7", b"o-7", "OrderShipped")
     assert orjson.loads(event.payload) == {"order_id": "o-7"}
     assert event.headers == (("k", b"v"),)
@@ -142,7 +144,7 @@ def test_logical_message_becomes_an_event():
 )
 def test_bad_logical_messages_are_malformed(content, message):
     with pytest.raises(MalformedEventError, match=message):
-        router().from_message(content)
+        router().message_fields(content)
 
 
 def test_topic_template_uses_aggregate_and_event_type():

@@ -15,6 +15,7 @@ confluent-kafka delivery callback so the sink can hand it over as it is, without
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -30,22 +31,65 @@ class DeliveryFailure:
     commit_lsn: int
 
 
+class AckLatency:
+    """Commit-to-ack latency in 1 ms buckets up to 60 s (and one above): constant memory for a process
+    that runs for months, exact enough for p50/p99. Fed once per transaction, weighted by its events, with
+    the time its *last* event was acknowledged: an upper bound for each of its events."""
+
+    LIMIT_MS = 60_000
+
+    def __init__(self) -> None:
+        self.counts = [0] * (self.LIMIT_MS + 2)
+        self.total = 0
+        self.max_ms = 0
+
+    def record(self, latency_ms: int, events: int) -> None:
+        bucket = min(max(latency_ms, 0), self.LIMIT_MS + 1)
+        self.counts[bucket] += events
+        self.total += events
+        if latency_ms > self.max_ms:
+            self.max_ms = latency_ms
+
+    def percentile(self, q: float) -> int | None:
+        """The smallest latency in ms that at least ``q`` (0..1) of the events did not exceed."""
+        if not self.total:
+            return None
+        rank = q * self.total
+        seen = 0
+        for ms, count in enumerate(self.counts):
+            seen += count
+            if seen >= rank:
+                return ms
+        return self.max_ms  # pragma: no cover - the loop always reaches the total
+
+
 class Transaction:
     """One source transaction: how many of its events Kafka has yet to acknowledge."""
 
-    __slots__ = ("xid", "commit_lsn", "commit_time_us", "end_lsn", "outstanding", "committed", "_tracker")
+    __slots__ = (
+        "xid",
+        "commit_lsn",
+        "commit_time_us",
+        "end_lsn",
+        "events",
+        "outstanding",
+        "committed",
+        "_tracker",
+    )
 
     def __init__(self, tracker: AckTracker, xid: int, commit_lsn: int, commit_time_us: int) -> None:
         self.xid = xid
         self.commit_lsn = commit_lsn
         self.commit_time_us = commit_time_us
         self.end_lsn = 0
+        self.events = 0
         self.outstanding = 0
         self.committed = False
         self._tracker = tracker
 
     def sent(self) -> None:
         """One more event of this transaction was handed to the producer."""
+        self.events += 1
         self.outstanding += 1
         self._tracker.in_flight += 1
 
@@ -61,7 +105,14 @@ class Transaction:
         tracker.in_flight -= 1
         tracker.acked_events += 1
         if self.outstanding == 0 and self.committed:
+            self._acked()
             tracker._advance()
+
+    def _acked(self) -> None:
+        """Every event of this committed transaction is acknowledged: note how long it took."""
+        if self.events:
+            now_ms = time.time_ns() // 1_000_000
+            self._tracker.latency.record(now_ms - self.commit_time_us // 1000, self.events)
 
 
 class AckTracker:
@@ -70,11 +121,12 @@ class AckTracker:
     ``confirmed_lsn`` only ever grows. ``in_flight`` counts events produced and not yet acknowledged.
     """
 
-    def __init__(self, confirmed_lsn: int = 0) -> None:
+    def __init__(self, confirmed_lsn: int = 0, *, latency: AckLatency | None = None) -> None:
         self.confirmed_lsn = confirmed_lsn
         self.in_flight = 0
         self.acked_events = 0
         self.failure: DeliveryFailure | None = None
+        self.latency = latency if latency is not None else AckLatency()
         self._pending: deque[Transaction] = deque()
         self._open: Transaction | None = None
 
@@ -98,6 +150,7 @@ class AckTracker:
         txn.end_lsn = end_lsn
         txn.committed = True
         if txn.outstanding == 0:
+            txn._acked()
             self._advance()
 
     def keepalive(self, wal_end: int) -> bool:

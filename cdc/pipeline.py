@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from cdc.checkpoint import AckTracker, Transaction
+from cdc.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.config import Settings, describe_dsn
 from cdc.decode import (
     Begin,
@@ -86,7 +86,8 @@ class Pipeline:
         self.router = EventRouter(settings)
         self.encoder = AvroEncoder(SchemaStore(settings.schemas_dir))
         self.sink = sink or KafkaSink(settings)
-        self.tracker = AckTracker()
+        self.latency = AckLatency()
+        self.tracker = AckTracker(latency=self.latency)
         self._backoff = Backoff(settings.backoff_initial, settings.backoff_multiplier, settings.backoff_max)
         self._stop = False
         self._source: ReplicationSource | None = None
@@ -152,7 +153,9 @@ class Pipeline:
         info = preflight(
             s.database_url, slot=s.slot, publication=s.publication, table=(s.table.schema, s.table.name)
         )
-        self.tracker = AckTracker(max(info.confirmed_flush_lsn, self.tracker.confirmed_lsn))
+        self.tracker = AckTracker(
+            max(info.confirmed_flush_lsn, self.tracker.confirmed_lsn), latency=self.latency
+        )
         self._sent_confirmed = -1
         self._txn = None
         source = ReplicationSource(s.database_url, slot=s.slot, publication=s.publication)
@@ -461,6 +464,15 @@ class Pipeline:
             self.events_dead_lettered,
             format_lsn(self.tracker.confirmed_lsn),
         )
+        latency = self.latency
+        if latency.total:
+            log.info(
+                "commit-to-ack over %d events: p50 %s ms, p99 %s ms, max %d ms",
+                latency.total,
+                latency.percentile(0.5),
+                latency.percentile(0.99),
+                latency.max_ms,
+            )
 
 
 def _kafka_error_text(error: object) -> str:

@@ -38,7 +38,7 @@ log = logging.getLogger("cdc.source")
 
 # How many CopyData messages one read() hands out at most: large enough to amortise the wait, small enough
 # that Kafka callbacks and status updates are served in between.
-MAX_BATCH = 2000
+MAX_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)

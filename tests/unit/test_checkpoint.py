@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
-from cdc.checkpoint import AckTracker
+from cdc.checkpoint import AckLatency, AckTracker
 from cdc.errors import CheckpointError
 
 
@@ -122,3 +123,34 @@ def test_commit_of_a_transaction_that_is_not_open_is_an_error():
     txn = run_txn(tracker, 1, 0, 10)
     with pytest.raises(CheckpointError, match="not the open one"):
         tracker.commit(txn, 10)
+
+
+def test_ack_latency_percentiles_weight_each_transaction_by_its_events():
+    latency = AckLatency()
+    latency.record(5, 98)
+    latency.record(40, 1)
+    latency.record(70_000, 1)  # above the last bucket: counted there, max kept exact
+    assert latency.total == 100
+    assert latency.percentile(0.5) == 5
+    assert latency.percentile(0.99) == 40
+    assert latency.percentile(1.0) == AckLatency.LIMIT_MS + 1
+    assert latency.max_ms == 70_000
+    assert AckLatency().percentile(0.5) is None
+
+
+def test_a_transaction_is_timed_when_its_last_event_is_acknowledged():
+    latency = AckLatency()
+    tracker = AckTracker(0, latency=latency)
+    commit_us = time.time_ns() // 1000 - 30_000  # committed 30 ms ago
+    txn = tracker.begin(1, 90, commit_us)
+    txn.sent()
+    txn.sent()
+    tracker.commit(txn, 100)
+    txn.delivered(None)
+    assert latency.total == 0
+    txn.delivered(None)
+    assert latency.total == 2
+    assert 30 <= latency.max_ms < 1000
+    empty = tracker.begin(2, 190, commit_us)
+    tracker.commit(empty, 200)
+    assert latency.total == 2, "a transaction without events has no latency"

@@ -156,7 +156,7 @@ class AckTracker:
     def keepalive(self, wal_end: int) -> bool:
         """A keepalive from the server. When nothing is open or outstanding, everything up to ``wal_end`` is
         done as far as this slot is concerned. Returns whether the watermark moved."""
-        if self._open is None and not self._pending and wal_end > self.confirmed_lsn:
+        if self.idle and wal_end > self.confirmed_lsn:
             self.confirmed_lsn = wal_end
             return True
         return False
@@ -164,14 +164,6 @@ class AckTracker:
     @property
     def idle(self) -> bool:
         return self._open is None and not self._pending
-
-    @property
-    def pending_transactions(self) -> int:
-        return len(self._pending)
-
-    @property
-    def open_transaction(self) -> Transaction | None:
-        return self._open
 
     def _advance(self) -> None:
         pending = self._pending

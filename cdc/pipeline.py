@@ -107,10 +107,6 @@ class Pipeline:
         """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler)."""
         self._stop = True
 
-    @property
-    def confirmed_lsn(self) -> int:
-        return self.tracker.confirmed_lsn
-
     def run(self) -> None:
         """Stream until a stop is requested; raise a CdcError when the pipeline cannot go on."""
         s = self.settings

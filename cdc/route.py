@@ -118,10 +118,6 @@ class EventRouter:
             headers if type(headers) is bytes else None,
         )  # the None and UNCHANGED_TOAST checks above leave bytes only
 
-    def from_row(self, values: Values) -> OutboxEvent:
-        """The event of one outbox Insert."""
-        return event_from_fields(self.row_fields(values))
-
     def message_fields(self, content: bytes) -> RowFields:
         """The fields of a transactional logical message with the prefix ``outbox``, in the shape of
         :meth:`row_fields`: its body is a JSON object with id, aggregate_type, aggregate_id, event_type,

@@ -187,21 +187,9 @@ class KafkaSink:
                 raise _produce_error(topic, exc) from exc
             return
 
-    def queued(self) -> int:
-        """Records handed to the producer and not yet acknowledged or failed."""
-        return len(self._producer)
-
     def flush(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for outstanding deliveries; returns how many are left."""
         return int(self._producer.flush(timeout))
-
-    def close(self, timeout: float = 0) -> int:
-        """Serve the last callbacks. Returns the records left undelivered (they will be replayed)."""
-        left = self.flush(timeout)
-        if left:
-            self._producer.purge()
-            self._producer.poll(0)
-        return left
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

@@ -551,10 +551,11 @@ def test_sigterm_mid_stream_confirms_exactly_the_last_transaction_that_arrived(
 # -- refusals ------------------------------------------------------------------------------------------------
 
 
-def run_refused(env: dict[str, str], timeout: float = 60) -> tuple[int, str, float]:
+def run_refused(env: dict[str, str], timeout: float = 60, command: str = "run") -> tuple[int, str, float]:
+    """`cdc <command>` as a subprocess: (exit code, stderr, seconds)."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "cdc", "run"],
+        [sys.executable, "-m", "cdc", command],
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,

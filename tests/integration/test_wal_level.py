@@ -5,15 +5,11 @@ server."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 
 import psycopg
 import pytest
 
 from tests.integration.test_pipeline import error_line, run_refused
-from tests.plugins.pipeline import ROOT
 
 FIX = "ALTER SYSTEM SET wal_level = logical"
 
@@ -29,20 +25,6 @@ def replica_env(replica_cluster: str, kafka_bootstrap: str) -> dict[str, str]:
         CDC_STARTUP_TIMEOUT="5",
     )
     return env
-
-
-def run_setup(env: dict[str, str], timeout: float = 60) -> tuple[int, str, float]:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "cdc", "setup"],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return done.returncode, done.stderr, time.monotonic() - started
 
 
 def server_objects(dsn: str) -> dict[str, list[str]]:
@@ -70,7 +52,7 @@ NOTHING = {"tables": [], "publications": [], "slots": []}
 @pytest.mark.parametrize("command", ["run", "setup"])
 def test_wal_level_replica_is_refused_with_the_fix(command, replica_cluster, replica_env):
     assert server_objects(replica_cluster) == NOTHING
-    code, stderr, elapsed = run_refused(replica_env) if command == "run" else run_setup(replica_env)
+    code, stderr, elapsed = run_refused(replica_env, command=command)
     assert code == 2, f"cdc {command} exited {code}, expected 2:\n{stderr}"
     line = error_line(stderr)  # exactly one `cdc: error:` line, and no traceback
     assert "wal_level" in line, line

@@ -82,7 +82,9 @@ def handles_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except CdcError as exc:
-            log.error("%s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            # Logged where logging is set up (cdc run: text or JSON lines); the one-line message always.
+            if logging.getLogger().handlers:
+                log.error("%s: %s", type(exc).__name__, exc, exc_info=log.isEnabledFor(logging.DEBUG))
             click.echo(f"cdc: error: {exc}", err=True)
             sys.exit(exc.exit_code)
 
@@ -139,6 +141,41 @@ def setup(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
             click.echo(f"-- {name}\n{outcome}")
         else:
             click.echo(f"{name}: {outcome}")
+
+
+@main.command()
+@settings_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handles_errors
+def status(config_file: Path | None, as_json: bool, **flags: Any) -> None:
+    """Slot position, lag and retained WAL, outbox size. Exits non-zero when the slot is missing or lost."""
+    from cdc.status import render, slot_status
+
+    settings = build_settings(config_file, **flags)
+    report = slot_status(settings)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else render(report))
+    problem = report.problem()
+    if problem is not None:
+        raise problem
+
+
+@main.command()
+@settings_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@handles_errors
+def teardown(config_file: Path | None, yes: bool, **flags: Any) -> None:
+    """Drop the slot and the publication (the outbox table stays). Refuses while the slot is in use."""
+    from cdc.status import teardown as drop
+
+    settings = build_settings(config_file, **flags)
+    if not yes:
+        click.confirm(
+            f"Drop replication slot '{settings.slot}' and publication '{settings.publication}'? "
+            "Events not yet confirmed will not be streamed",
+            abort=True,
+        )
+    for line in drop(settings):
+        click.echo(line)
 
 
 @main.group()

@@ -52,6 +52,10 @@ def render(settings: Settings, directory: Path | None = None) -> list[SetupStep]
         "publication_literal": quote_literal(settings.publication),
         "slot_literal": quote_literal(settings.slot),
         "index_created_at": quote_ident(f"{settings.table.name}_created_at_idx"),
+        "function_emit": f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name + '_emit')}",
+        "function_emit_message": (
+            f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name + '_emit_message')}"
+        ),
     }
     values.update({f"col_{field}": quote_ident(name) for field, name in columns.items() if name is not None})
     steps = []
@@ -101,14 +105,21 @@ def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]
 
 
 def _objects(conn: psycopg.Connection[Any], settings: Settings) -> dict[str, bool]:
+    schema, name = settings.table.schema, settings.table.name
+    functions = "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s"
     row = conn.execute(
         "SELECT to_regclass(%s) IS NOT NULL,"
         " EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s),"
-        " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)",
+        " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s),"
+        f" EXISTS ({functions} AND p.proname = %s), EXISTS ({functions} AND p.proname = %s)",
         (
-            f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name)}",
+            f"{quote_ident(schema)}.{quote_ident(name)}",
             settings.publication,
             settings.slot,
+            schema,
+            f"{name}_emit",
+            schema,
+            f"{name}_emit_message",
         ),
     ).fetchone()
     assert row is not None
@@ -116,4 +127,6 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings) -> dict[str, boo
         f"table {settings.table}": bool(row[0]),
         f"publication {settings.publication}": bool(row[1]),
         f"slot {settings.slot}": bool(row[2]),
+        f"function {schema}.{name}_emit": bool(row[3]),
+        f"function {schema}.{name}_emit_message": bool(row[4]),
     }

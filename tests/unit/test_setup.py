@@ -15,7 +15,12 @@ def settings(**overrides):
 
 def test_scripts_are_rendered_in_order_with_quoted_names():
     steps = render(settings(table="app.outbox_events", publication="pub_x", slot="my_slot"))
-    assert [s.name for s in steps] == ["01_outbox_table.sql", "02_publication.sql", "03_slot.sql"]
+    assert [s.name for s in steps] == [
+        "01_outbox_table.sql",
+        "02_publication.sql",
+        "03_slot.sql",
+        "04_outbox_emit.sql",
+    ]
     sql = "".join(s.sql for s in steps)
     assert 'CREATE TABLE IF NOT EXISTS "app"."outbox_events"' in sql
     assert "pubname = 'pub_x'" in sql and 'CREATE PUBLICATION "pub_x"' in sql

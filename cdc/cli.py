@@ -179,6 +179,25 @@ def teardown(config_file: Path | None, yes: bool, **flags: Any) -> None:
 
 
 @main.group()
+def outbox() -> None:
+    """Outbox table maintenance."""
+
+
+@outbox.command("prune")
+@settings_options
+@click.option("--older-than", required=True, help="Delete rows created longer ago than this: 7d, 12h, 1h30m.")
+@click.option("--batch-size", default=10_000, show_default=True, help="Rows deleted per transaction.")
+@handles_errors
+def outbox_prune(config_file: Path | None, older_than: str, batch_size: int, **flags: Any) -> None:
+    """Delete old outbox rows in small batches (safe: the WAL already carried their inserts)."""
+    from cdc.retention import parse_duration, prune
+
+    settings = build_settings(config_file, **flags)
+    deleted = prune(settings, parse_duration(older_than), batch_size=batch_size)
+    click.echo(f"deleted {deleted} rows older than {older_than} from {settings.table}")
+
+
+@main.group()
 def config() -> None:
     """Inspect the effective configuration."""
 

@@ -41,12 +41,14 @@ class AckLatency:
     def __init__(self) -> None:
         self.counts = [0] * (self.LIMIT_MS + 2)
         self.total = 0
+        self.sum_ms = 0
         self.max_ms = 0
 
     def record(self, latency_ms: int, events: int) -> None:
         bucket = min(max(latency_ms, 0), self.LIMIT_MS + 1)
         self.counts[bucket] += events
         self.total += events
+        self.sum_ms += latency_ms * events
         if latency_ms > self.max_ms:
             self.max_ms = latency_ms
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 
 from cdc.checkpoint import AckLatency, AckTracker, Transaction
@@ -97,11 +98,31 @@ class Pipeline:
         self._txn_lsn = b""
         self._txn_xid = b""
         self._txn_ts_ms = 0
-        self.events_published = 0
-        self.events_dead_lettered = 0
+        self.published_by_topic: defaultdict[str, int] = defaultdict(int)
+        self.dead_lettered_by_reason: defaultdict[str, int] = defaultdict(int)
+        self.delivery_errors = 0
+        self.reconnects = 0
+        self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
         self._routes: dict[tuple[bytes, bytes, bytes], _Route] = {}
 
     # -- control ---------------------------------------------------------------------------------------
+
+    @property
+    def events_published(self) -> int:
+        return sum(self.published_by_topic.values())
+
+    @property
+    def events_dead_lettered(self) -> int:
+        return sum(self.dead_lettered_by_reason.values())
+
+    def not_ready(self) -> list[str]:
+        """Why the pipeline is not ready (empty when it is): for /readyz."""
+        reasons = []
+        if self._source is None:
+            reasons.append("not streaming from PostgreSQL")
+        if not self.sink.broker_reachable():
+            reasons.append("Kafka does not answer")
+        return reasons
 
     def request_stop(self) -> None:
         """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler)."""
@@ -134,6 +155,7 @@ class Pipeline:
                     if first and (isinstance(exc, SlotActiveError) or self._source is None):
                         raise
                     self._close_source()
+                    self.reconnects += 1
                     self._drain_after_loss()
                     delay = backoff.next_delay()
                     log.warning(
@@ -189,6 +211,7 @@ class Pipeline:
                 else:
                     keepalive = decode_copy_data(data)
                     if isinstance(keepalive, Keepalive):
+                        self.server_wal_end = keepalive.wal_end
                         tracker.keepalive(keepalive.wal_end)
                         if keepalive.wal_end > self._received and tracker.idle:
                             self._received = keepalive.wal_end
@@ -196,9 +219,11 @@ class Pipeline:
                             self._send_status()
             if last_wal is not None:
                 self._received = max(self._received, int.from_bytes(last_wal[1:9], "big"))
+                self.server_wal_end = int.from_bytes(last_wal[9:17], "big")
             poll(0)
             failure = tracker.failure
             if failure is not None:
+                self.delivery_errors += 1
                 raise DeliveryError(
                     f"Kafka refused an event of transaction {failure.xid}: "
                     f"{_kafka_error_text(failure.error)}; stopping without confirming past it "
@@ -263,7 +288,7 @@ class Pipeline:
             return
         # Counted once handed over: its delivery report can only come from a later poll().
         txn.sent()
-        self.events_published += 1
+        self.published_by_topic[topic] += 1
 
     def _route_for(self, aggregate_type: bytes, event_type: bytes, version: bytes) -> _Route:
         """Topic and bound encoder of one (aggregate type, event type, version); cached when it works."""
@@ -313,6 +338,7 @@ class Pipeline:
     def _dead_letter(self, event: OutboxEvent, exc: EventError, original_topic: str) -> None:
         if self.settings.on_invalid_event == "stop":
             raise exc
+        self.dead_lettered_by_reason[exc.reason] += 1
         log.warning(
             "event %s (%s v%d) goes to the dead-letter topic %s: %s",
             event.id,
@@ -334,6 +360,7 @@ class Pipeline:
     def _dead_letter_raw(self, exc: MalformedEventError) -> None:
         if self.settings.on_invalid_event == "stop":
             raise exc
+        self.dead_lettered_by_reason[exc.reason] += 1
         log.warning(
             "a malformed outbox change goes to the dead-letter topic %s: %s", self.settings.dlq_topic, exc
         )
@@ -358,7 +385,6 @@ class Pipeline:
         self._ensure_topic(topic)
         self.sink.produce(topic, key, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive)
         txn.sent()
-        self.events_dead_lettered += 1
 
     # -- waiting and status ----------------------------------------------------------------------------
 

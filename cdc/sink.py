@@ -187,6 +187,18 @@ class KafkaSink:
                 raise _produce_error(topic, exc) from exc
             return
 
+    def queue_depth(self) -> int:
+        """Records handed to the producer and not yet acknowledged or failed."""
+        return len(self._producer)
+
+    def broker_reachable(self, timeout: float = 2.0) -> bool:
+        """A metadata round trip to Kafka (for /readyz; librdkafka clients may be used from any thread)."""
+        try:
+            self._admin.list_topics(timeout=timeout)
+        except KafkaException:
+            return False
+        return True
+
     def flush(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for outstanding deliveries; returns how many are left."""
         return int(self._producer.flush(timeout))

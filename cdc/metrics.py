@@ -1,0 +1,139 @@
+"""Observability: Prometheus ``/metrics``, ``/healthz`` (alive) and ``/readyz`` (streaming, broker reachable).
+
+Nothing here runs per event. The pipeline keeps plain counters as it goes; a collector reads them when
+Prometheus scrapes, on the HTTP server's thread (reading ints and a list the main thread writes is safe under
+the GIL, and a scrape that is one event behind is fine).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from cdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cdc.pipeline import Pipeline
+
+log = logging.getLogger("cdc.metrics")
+
+# Upper bounds (ms) of the commit-to-ack histogram's buckets.
+LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+class PipelineCollector(Collector):
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def collect(self) -> Iterator[Any]:
+        p = self.pipeline
+        published = CounterMetricFamily(
+            "cdc_events_published", "Events handed to Kafka, by topic", labels=["topic"]
+        )
+        for topic, count in list(p.published_by_topic.items()):
+            published.add_metric([topic], count)
+        yield published
+        dead = CounterMetricFamily(
+            "cdc_dead_letter_events", "Events sent to the dead-letter topic", labels=["reason"]
+        )
+        for reason, count in list(p.dead_lettered_by_reason.items()):
+            dead.add_metric([reason], count)
+        yield dead
+        yield CounterMetricFamily("cdc_delivery_errors", "Deliveries Kafka refused", value=p.delivery_errors)
+        yield CounterMetricFamily("cdc_reconnects", "Reconnections to PostgreSQL", value=p.reconnects)
+        yield GaugeMetricFamily(
+            "cdc_confirmed_lsn", "LSN confirmed to the slot", value=p.tracker.confirmed_lsn
+        )
+        yield GaugeMetricFamily(
+            "cdc_replication_lag_bytes",
+            "Server WAL end (last keepalive or message) minus the confirmed LSN",
+            value=max(0, p.server_wal_end - p.tracker.confirmed_lsn),
+        )
+        yield GaugeMetricFamily(
+            "cdc_producer_queue_depth", "Records waiting for Kafka", value=p.sink.queue_depth()
+        )
+        yield GaugeMetricFamily(
+            "cdc_in_flight_events", "Events produced, not yet acknowledged", value=p.tracker.in_flight
+        )
+        yield _latency_histogram(p)
+
+
+def _latency_histogram(p: Pipeline) -> HistogramMetricFamily:
+    counts = p.latency.counts
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    previous = 0
+    for bound in LATENCY_BUCKETS_MS:
+        running += sum(counts[previous : bound + 1])
+        previous = bound + 1
+        buckets.append((str(bound / 1000), running))
+    buckets.append(("+Inf", p.latency.total))
+    return HistogramMetricFamily(
+        "cdc_commit_to_ack_seconds",
+        "Commit-to-ack latency, per event (its transaction's last acknowledgement)",
+        buckets=buckets,
+        sum_value=p.latency.sum_ms / 1000,
+    )
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        log.debug("metrics: " + format, *args)
+
+
+class MetricsServer:
+    """The HTTP endpoint on ``metrics_port`` (all interfaces: it is meant to be scraped)."""
+
+    def __init__(self, pipeline: Pipeline, port: int, host: str = "0.0.0.0") -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(PipelineCollector(pipeline))
+        self._metrics = make_wsgi_app(registry)
+        self._pipeline = pipeline
+        try:
+            self._server: WSGIServer = make_server(host, port, self._app, handler_class=_Quiet)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on port {port}: {exc.strerror}; choose another metrics_port",
+                key="metrics_port",
+            ) from exc
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="cdc-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("metrics on :%d (/metrics, /healthz, /readyz)", self.port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/healthz":
+            return _text(start_response, "200 OK", "alive\n")
+        if path == "/readyz":
+            reasons = self._pipeline.not_ready()
+            if reasons:
+                return _text(start_response, "503 Service Unavailable", "; ".join(reasons) + "\n")
+            return _text(start_response, "200 OK", "ready\n")
+        if path == "/metrics":
+            result: Iterable[bytes] = self._metrics(environ, start_response)
+            return result
+        return _text(start_response, "404 Not Found", "not found\n")
+
+
+def _text(start_response: StartResponse, status: str, body: str) -> list[bytes]:
+    data = body.encode()
+    start_response(
+        status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))]
+    )
+    return [data]

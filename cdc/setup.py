@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from cdc.config import Settings
-from cdc.errors import CdcError, SourceConnectionError
+from cdc.errors import CdcError, SourceConnectionError, StartupRefusal
 from cdc.source import check_wal_level, quote_ident, quote_literal
 
 log = logging.getLogger("cdc.setup")
@@ -77,6 +77,29 @@ def _fill(match: re.Match[str], *, values: dict[str, str], path: Path) -> str:
         raise CdcError(f"{path.name}: unknown marker {{{{{match.group(1)}}}}}") from None
 
 
+def check_capacity(conn: psycopg.Connection[Any], settings: Settings) -> None:
+    """A new slot needs a free replication slot, and streaming a free WAL sender: say so before creating."""
+    row = conn.execute(
+        "SELECT current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots),"
+        " current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_stat_replication),"
+        " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)",
+        (settings.slot,),
+    ).fetchone()
+    assert row is not None
+    max_slots, slots, max_senders, senders, ours = row
+    if not ours and slots >= max_slots:
+        raise StartupRefusal(
+            f"no free replication slot ({slots} of max_replication_slots = {max_slots} in use). Run "
+            f"ALTER SYSTEM SET max_replication_slots = {max_slots + 4}; then restart PostgreSQL, or drop an "
+            "unused slot"
+        )
+    if senders >= max_senders:
+        raise StartupRefusal(
+            f"no free WAL sender ({senders} of max_wal_senders = {max_senders} in use). Run "
+            f"ALTER SYSTEM SET max_wal_senders = {max_senders + 4}; then restart PostgreSQL"
+        )
+
+
 def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]:
     """Apply the scripts; returns (script, outcome) pairs. With ``dry_run``, nothing is sent to the server."""
     steps = render(settings)
@@ -90,6 +113,7 @@ def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]
     outcomes = []
     with conn:
         check_wal_level(conn)
+        check_capacity(conn, settings)
         for step in steps:
             before = _objects(conn, settings)
             try:

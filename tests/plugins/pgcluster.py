@@ -1,5 +1,6 @@
-"""A throwaway second PostgreSQL cluster with ``wal_level = replica``, for the refusals that need a server
-which cannot do logical decoding.
+"""Throwaway extra PostgreSQL clusters, for the refusals that need a server configured differently from the
+stack's: ``replica_cluster`` (``wal_level = replica``, cannot do logical decoding) and ``tight_cluster``
+(logical, but a single replication slot and WAL sender).
 
 The server binaries are found like ``stack/stack.sh`` finds them: CDC_STACK_PG_BIN (exported by
 ``. .stack/env``), else the newest ``/usr/lib/postgresql/<ver>/bin``. The cluster lives in a fresh directory
@@ -64,9 +65,10 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 class _Cluster:
-    def __init__(self, bindir: Path, base: Path) -> None:
+    def __init__(self, bindir: Path, base: Path, settings: dict[str, str]) -> None:
         self.bindir = bindir
         self.base = base
+        self.settings = settings
         self.data = base / "data"
         self.log = base / "postgres.log"
         self.port = 0
@@ -88,7 +90,7 @@ class _Cluster:
             ]
         )
         if done.returncode != 0:
-            pytest.fail(f"initdb of the wal_level=replica cluster failed:\n{done.stdout}\n{done.stderr}")
+            pytest.fail(f"initdb of a test cluster failed:\n{done.stdout}\n{done.stderr}")
         (self.data / "pg_hba.conf").write_text(
             "# throwaway test cluster on loopback: trust\n"
             "local   all   all                  trust\n"
@@ -96,9 +98,9 @@ class _Cluster:
         )
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(
-                "\n# --- outbox CDC test: a cluster that cannot do logical decoding ---\n"
-                "wal_level = replica\n"
-                "listen_addresses = '127.0.0.1'\n"
+                "\n# --- outbox CDC test cluster ---\n"
+                + "".join(f"{key} = {value}\n" for key, value in self.settings.items())
+                + "listen_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.base}'\n"
                 "fsync = off\n"
                 "synchronous_commit = off\n"
@@ -126,9 +128,9 @@ class _Cluster:
             os.kill(pid, signal.SIGQUIT)
 
 
-@pytest.fixture(scope="session")
-def replica_cluster() -> Iterator[str]:
-    """DSN of a fresh local PostgreSQL cluster running with ``wal_level = replica`` (superuser, trust)."""
+@contextlib.contextmanager
+def extra_cluster(**settings: str) -> Iterator[str]:
+    """A fresh local cluster with these postgresql.conf settings; yields its DSN (superuser, trust)."""
     bindir = pg_bindir()
     if bindir is None or not (bindir / "pg_ctl").is_file():
         service_missing(
@@ -146,7 +148,7 @@ def replica_cluster() -> Iterator[str]:
     os.chmod(base, 0o755)
     if _is_root():
         shutil.chown(base, user=PG_SUPERUSER, group=PG_SUPERUSER)
-    cluster = _Cluster(bindir, base)
+    cluster = _Cluster(bindir, base, settings)
     try:
         cluster.initdb()
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -158,10 +160,24 @@ def replica_cluster() -> Iterator[str]:
             # Another process may have taken the free port between the probe and the bind: try another one.
             if attempt == START_ATTEMPTS or "already in use" not in log:
                 pytest.fail(
-                    f"the wal_level=replica cluster did not start (pg_ctl exit {started.returncode}):\n"
+                    f"a test cluster ({settings}) did not start (pg_ctl exit {started.returncode}):\n"
                     f"{started.stderr}\n{log}"
                 )
         yield f"postgresql://{PG_SUPERUSER}@127.0.0.1:{cluster.port}/postgres"
     finally:
         cluster.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def replica_cluster() -> Iterator[str]:
+    """A cluster running with ``wal_level = replica``: it cannot do logical decoding."""
+    with extra_cluster(wal_level="replica") as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def tight_cluster() -> Iterator[str]:
+    """A logical cluster with room for one replication slot and one WAL sender only."""
+    with extra_cluster(wal_level="logical", max_replication_slots="1", max_wal_senders="1") as dsn:
+        yield dsn

@@ -166,6 +166,12 @@ class CheckpointError(CdcError):
     pass
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of a library error: psycopg's messages carry hints and context on later lines; the
+    first names the problem (and never the password)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def format_lsn(lsn: int) -> str:
     """Render an LSN the way PostgreSQL does: ``16/B374D848``."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

@@ -19,6 +19,9 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
+
+import psycopg
 
 from cdc.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.config import Settings, describe_dsn
@@ -46,11 +49,12 @@ from cdc.errors import (
     SlotActiveError,
     SourceConnectionError,
     TopicMissingError,
+    first_line,
     format_lsn,
 )
 from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, RowFields, event_from_fields, parse_headers
 from cdc.sink import Headers, KafkaSink
-from cdc.source import ReplicationSource, preflight
+from cdc.source import ReplicationSource, connect, preflight
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -103,6 +107,11 @@ class Pipeline:
         self.delivery_errors = 0
         self.reconnects = 0
         self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
+        self.heartbeats_seen = 0
+        self.last_heartbeat_seen = 0.0  # Unix time
+        self._heartbeat_conn: psycopg.Connection[Any] | None = None
+        self._last_data = time.monotonic()  # when the stream last carried a change
+        self._last_heartbeat = 0.0
         self._routes: dict[tuple[bytes, bytes, bytes], _Route] = {}
 
     # -- control ---------------------------------------------------------------------------------------
@@ -196,6 +205,7 @@ class Pipeline:
         outbox_insert = self._outbox_insert
         poll = self.sink.poll
         status_interval = self.settings.status_interval
+        heartbeat_interval = self.settings.heartbeat_interval
         while not self._stop:
             batch = source.read(READ_TIMEOUT)
             last_wal = None
@@ -217,9 +227,16 @@ class Pipeline:
                             self._received = keepalive.wal_end
                         if keepalive.reply_requested:
                             self._send_status()
+            now = time.monotonic()
             if last_wal is not None:
                 self._received = max(self._received, int.from_bytes(last_wal[1:9], "big"))
                 self.server_wal_end = int.from_bytes(last_wal[9:17], "big")
+                self._last_data = now
+            elif (
+                now - self._last_data >= heartbeat_interval
+                and now - self._last_heartbeat >= heartbeat_interval
+            ):
+                self._heartbeat(now)
             poll(0)
             failure = tracker.failure
             if failure is not None:
@@ -316,7 +333,10 @@ class Pipeline:
                     "outbox table %s.%s has relation id %d", message.namespace, message.name, message.oid
                 )
         elif isinstance(message, LogicalMessage):
-            if message.prefix == MESSAGE_PREFIX:
+            if message.prefix == HEARTBEAT_PREFIX:
+                self.heartbeats_seen += 1
+                self.last_heartbeat_seen = time.time()
+            elif message.prefix == MESSAGE_PREFIX:
                 if not message.transactional or self._txn is None:
                     log.warning(
                         "ignored a non-transactional 'outbox' message at %s: only transactional "
@@ -387,6 +407,27 @@ class Pipeline:
         txn.sent()
 
     # -- waiting and status ----------------------------------------------------------------------------
+
+    def _heartbeat(self, now: float) -> None:
+        """While the outbox is quiet, write a tiny non-transactional message into the slot's database, so the
+        slot sees WAL of its own and moves even when the server's keepalives alone would not move it.
+        Best effort: a failure is logged and retried at the next interval, never fatal."""
+        self._last_heartbeat = now
+        try:
+            if self._heartbeat_conn is None or self._heartbeat_conn.closed:
+                self._heartbeat_conn = connect(self.settings.database_url)
+            self._heartbeat_conn.execute(
+                "SELECT pg_logical_emit_message(false, %s, now()::text)", (HEARTBEAT_PREFIX,)
+            )
+        except (psycopg.Error, SourceConnectionError) as exc:
+            log.warning(
+                "heartbeat failed (%s); trying again in %g s",
+                first_line(exc),
+                self.settings.heartbeat_interval,
+            )
+            conn, self._heartbeat_conn = self._heartbeat_conn, None
+            if conn is not None:
+                conn.close()
 
     def _ensure_topic(self, topic: str) -> None:
         try:
@@ -467,6 +508,8 @@ class Pipeline:
                 left,
                 timeout,
             )
+        if self._heartbeat_conn is not None:
+            self._heartbeat_conn.close()
         source = self._source
         if source is not None:
             try:

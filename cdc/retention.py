@@ -17,7 +17,8 @@ import psycopg
 from psycopg import sql
 
 from cdc.config import Settings
-from cdc.errors import ConfigError, SourceConnectionError
+from cdc.errors import ConfigError
+from cdc.source import connect
 
 log = logging.getLogger("cdc.retention")
 
@@ -58,13 +59,8 @@ def prune(settings: Settings, older_than: timedelta, *, batch_size: int = 10_000
         "DELETE FROM {table} WHERE ctid = ANY (ARRAY("
         "SELECT ctid FROM {table} WHERE {created_at} < now() - %s LIMIT %s FOR UPDATE SKIP LOCKED))"
     ).format(table=table, created_at=sql.Identifier(created_at))
-    try:
-        conn = psycopg.connect(settings.database_url, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        first = (str(exc).strip().splitlines() or ["connection failed"])[0]
-        raise SourceConnectionError(f"cannot connect to PostgreSQL: {first}") from exc
     total = 0
-    with conn:
+    with connect(settings.database_url) as conn:
         while True:
             deleted = _delete_batch(conn, statement, older_than, batch_size)
             total += deleted

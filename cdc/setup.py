@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 
 from cdc.config import Settings
-from cdc.errors import CdcError, SourceConnectionError, StartupRefusal
-from cdc.source import check_wal_level, quote_ident, quote_literal
+from cdc.errors import CdcError, StartupRefusal
+from cdc.source import check_wal_level, connect, quote_ident, quote_literal
 
 log = logging.getLogger("cdc.setup")
 
@@ -105,13 +105,8 @@ def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]
     steps = render(settings)
     if dry_run:
         return [(step.name, step.sql) for step in steps]
-    try:
-        conn = psycopg.connect(settings.database_url, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        first = (str(exc).strip().splitlines() or ["connection failed"])[0]
-        raise SourceConnectionError(f"cannot connect to PostgreSQL: {first}") from exc
     outcomes = []
-    with conn:
+    with connect(settings.database_url) as conn:
         check_wal_level(conn)
         check_capacity(conn, settings)
         for step in steps:

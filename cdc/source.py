@@ -30,6 +30,7 @@ from cdc.errors import (
     SourceConnectionError,
     StartupRefusal,
     WalLevelError,
+    first_line,
     format_lsn,
     parse_lsn,
 )
@@ -90,13 +91,17 @@ def check_wal_level(conn: psycopg.Connection[Any]) -> None:
         )
 
 
+def connect(dsn: str) -> psycopg.Connection[Any]:
+    """An ordinary autocommit connection, its failure a SourceConnectionError."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise SourceConnectionError(f"cannot connect to PostgreSQL: {first_line(exc)}") from exc
+
+
 def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) -> SlotInfo:
     """Refuse plainly, before streaming, when the database cannot stream the outbox safely."""
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise SourceConnectionError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from exc
-    with conn:
+    with connect(dsn) as conn:
         server_version = conn.info.server_version
         check_wal_level(conn)
         dbname = conn.info.dbname
@@ -174,7 +179,7 @@ class ReplicationSource:
         try:
             conn = psycopg.connect(self._dsn, replication="database", autocommit=True, connect_timeout=10)
         except psycopg.OperationalError as exc:
-            raise SourceConnectionError(f"cannot open a replication connection: {_first_line(exc)}") from exc
+            raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
         self._conn = conn
         pgconn = conn.pgconn
         options = pgoutput_options(conn.info.server_version, self._publication)
@@ -229,7 +234,7 @@ class ReplicationSource:
                     message = "the server ended the stream" if result is None else _result_error(result)
                     raise SourceConnectionError(f"replication stream ended: {message}")
         except psycopg.OperationalError as exc:
-            raise SourceConnectionError(f"replication connection lost: {_first_line(exc)}") from exc
+            raise SourceConnectionError(f"replication connection lost: {first_line(exc)}") from exc
 
     def send_status(self, written: int, flushed: int, *, reply: bool = False) -> None:
         """Tell the server how far we have received (``written``) and what it may forget (``flushed``)."""
@@ -243,7 +248,7 @@ class ReplicationSource:
             pgconn.flush()
         except psycopg.OperationalError as exc:
             raise SourceConnectionError(
-                f"could not send a status update: {_first_line(exc)}", lsn=flushed
+                f"could not send a status update: {first_line(exc)}", lsn=flushed
             ) from exc
         self.last_status_at = time.monotonic()
         log.debug("status update: written %s, flushed %s", format_lsn(written), format_lsn(flushed))
@@ -268,7 +273,7 @@ class ReplicationSource:
                         select.select([self._sock], [], [], min(left, 0.5))
                         pgconn.consume_input()
             except psycopg.OperationalError as exc:
-                log.debug("replication connection ended while finishing: %s", _first_line(exc))
+                log.debug("replication connection ended while finishing: %s", first_line(exc))
         self.close()
 
     def close(self) -> None:
@@ -283,11 +288,6 @@ class ReplicationSource:
 def _scalar(conn: psycopg.Connection[Any], query: str, params: tuple[object, ...] | None = None) -> Any:
     row = conn.execute(query, params).fetchone()
     return None if row is None else row[0]
-
-
-def _first_line(exc: BaseException) -> str:
-    # psycopg's messages can carry the DSN's host but never the password; keep only the first line.
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _result_error(result: pq.abc.PGresult) -> str:

@@ -17,10 +17,9 @@ from cdc.errors import (
     SlotActiveError,
     SlotInvalidatedError,
     SlotMissingError,
-    SourceConnectionError,
     parse_lsn,
 )
-from cdc.source import quote_ident
+from cdc.source import connect, quote_ident
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +54,8 @@ class SlotStatus:
         return None
 
 
-def _connect(settings: Settings) -> psycopg.Connection[Any]:
-    try:
-        return psycopg.connect(settings.database_url, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        first = (str(exc).strip().splitlines() or ["connection failed"])[0]
-        raise SourceConnectionError(f"cannot connect to PostgreSQL: {first}") from exc
-
-
 def slot_status(settings: Settings) -> SlotStatus:
-    with _connect(settings) as conn:
+    with connect(settings.database_url) as conn:
         current = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         row = conn.execute(
             "SELECT active, active_pid, wal_status, confirmed_flush_lsn::text, restart_lsn::text,"
@@ -134,7 +125,7 @@ def render(status: SlotStatus) -> str:
 def teardown(settings: Settings) -> list[str]:
     """Drop the slot and the publication. Refuses while the slot is in use; the table is left alone."""
     done = []
-    with _connect(settings) as conn:
+    with connect(settings.database_url) as conn:
         row = conn.execute(
             "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = %s", (settings.slot,)
         ).fetchone()

@@ -137,14 +137,15 @@ def run(config_file: Path | None, **flags: Any) -> None:
 @main.command()
 @settings_options
 @click.option("--dry-run", is_flag=True, help="Print the SQL instead of running it.")
+@click.option("--role", help="Also create a least-privilege role (LOGIN REPLICATION) for `cdc run`.")
 @handles_errors
-def setup(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
+def setup(config_file: Path | None, dry_run: bool, role: str | None, **flags: Any) -> None:
     """Create the outbox table, publication and slot (idempotent)."""
     from cdc import setup as setup_module
 
     settings = build_settings(config_file, **flags)
     configure_logging(settings.log_level, settings.log_format)
-    for name, outcome in setup_module.apply(settings, dry_run=dry_run):
+    for name, outcome in setup_module.apply(settings, dry_run=dry_run, role=role):
         if dry_run:
             click.echo(f"-- {name}\n{outcome}")
         else:

@@ -42,8 +42,9 @@ def script_dir() -> Path:
     )
 
 
-def render(settings: Settings, directory: Path | None = None) -> list[SetupStep]:
-    """The scripts with every ``{{marker}}`` filled in, in their numbered order."""
+def render(settings: Settings, directory: Path | None = None, *, role: str | None = None) -> list[SetupStep]:
+    """The scripts with every ``{{marker}}`` filled in, in their numbered order. A script whose first line
+    is ``-- requires: role`` is only applied with a role."""
     columns = settings.columns.as_dict()
     table = f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name)}"
     values: dict[str, str] = {
@@ -51,6 +52,7 @@ def render(settings: Settings, directory: Path | None = None) -> list[SetupStep]
         "publication": quote_ident(settings.publication),
         "publication_literal": quote_literal(settings.publication),
         "slot_literal": quote_literal(settings.slot),
+        "schema": quote_ident(settings.table.schema),
         "index_created_at": quote_ident(f"{settings.table.name}_created_at_idx"),
         "function_emit": f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name + '_emit')}",
         "function_emit_message": (
@@ -59,9 +61,14 @@ def render(settings: Settings, directory: Path | None = None) -> list[SetupStep]
     }
     values.update({f"col_{field}": quote_ident(name) for field, name in columns.items() if name is not None})
     steps = []
+    if role is not None:
+        values.update(role=quote_ident(role), role_literal=quote_literal(role))
     for path in sorted((directory or script_dir()).glob("*.sql")):
+        text = path.read_text()
+        if text.startswith("-- requires: role") and role is None:
+            continue
         lines = []
-        for line in path.read_text().splitlines():
+        for line in text.splitlines():
             when = _WHEN.search(line)
             if when and columns.get(when.group(1)) is None:
                 continue
@@ -100,9 +107,10 @@ def check_capacity(conn: psycopg.Connection[Any], settings: Settings) -> None:
         )
 
 
-def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]:
-    """Apply the scripts; returns (script, outcome) pairs. With ``dry_run``, nothing is sent to the server."""
-    steps = render(settings)
+def apply(settings: Settings, *, dry_run: bool = False, role: str | None = None) -> list[tuple[str, str]]:
+    """Apply the scripts; returns (script, outcome) pairs. With ``dry_run``, nothing is sent to the server.
+    With ``role``, also create (or fix) a least-privilege role for ``cdc run``."""
+    steps = render(settings, role=role)
     if dry_run:
         return [(step.name, step.sql) for step in steps]
     outcomes = []
@@ -110,12 +118,12 @@ def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]
         check_wal_level(conn)
         check_capacity(conn, settings)
         for step in steps:
-            before = _objects(conn, settings)
+            before = _objects(conn, settings, role)
             try:
                 conn.execute(step.sql.encode())
             except psycopg.Error as exc:
                 raise CdcError(f"{step.name} failed: {exc.diag.message_primary or exc}") from exc
-            after = _objects(conn, settings)
+            after = _objects(conn, settings, role)
             created = sorted(k for k, present in after.items() if present and not before[k])
             outcome = f"created {', '.join(created)}" if created else "already present"
             log.debug("setup %s: %s", step.name, outcome)
@@ -123,7 +131,7 @@ def apply(settings: Settings, *, dry_run: bool = False) -> list[tuple[str, str]]
     return outcomes
 
 
-def _objects(conn: psycopg.Connection[Any], settings: Settings) -> dict[str, bool]:
+def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None) -> dict[str, bool]:
     schema, name = settings.table.schema, settings.table.name
     functions = "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s"
     row = conn.execute(
@@ -142,7 +150,12 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings) -> dict[str, boo
         ),
     ).fetchone()
     assert row is not None
+    roles = {}
+    if role is not None:
+        found = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        roles[f"role {role}"] = found is not None
     return {
+        **roles,
         f"table {settings.table}": bool(row[0]),
         f"publication {settings.publication}": bool(row[1]),
         f"slot {settings.slot}": bool(row[2]),

@@ -104,6 +104,14 @@ def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) 
     with connect(dsn) as conn:
         server_version = conn.info.server_version
         check_wal_level(conn)
+        user, may_stream = conn.execute(
+            "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() or ("?", False)
+        if not may_stream:
+            raise StartupRefusal(
+                f"role '{user}' may not stream: it lacks the REPLICATION attribute. Fix: ALTER ROLE "
+                f"{quote_ident(user)} REPLICATION; or connect as the role that `cdc setup --role` creates"
+            )
         dbname = conn.info.dbname
         row = conn.execute(
             "SELECT plugin, slot_type, database, active, active_pid, wal_status,"

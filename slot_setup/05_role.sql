@@ -1,0 +1,17 @@
+-- requires: role
+-- A least-privilege role for `cdc run` (only with `cdc setup --role NAME`). The grants below are exactly
+-- what streaming, the heartbeat and `cdc status` need, found by tests/integration/test_role.py; nothing
+-- else (no superuser, no ownership, no write access to the outbox). Its password is not set here: set it
+-- yourself (ALTER ROLE ... PASSWORD) or use another authentication method, so no secret passes through cdc.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {{role_literal}}) THEN
+        CREATE ROLE {{role}} LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE;
+    ELSE
+        ALTER ROLE {{role}} LOGIN REPLICATION;
+    END IF;
+END
+$$;
+-- `cdc status` counts the outbox's rows and reads its oldest creation time.
+GRANT USAGE ON SCHEMA {{schema}} TO {{role}};
+GRANT SELECT ON {{table}} TO {{role}};

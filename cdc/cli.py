@@ -138,14 +138,15 @@ def run(config_file: Path | None, **flags: Any) -> None:
 @settings_options
 @click.option("--dry-run", is_flag=True, help="Print the SQL instead of running it.")
 @click.option("--role", help="Also create a least-privilege role (LOGIN REPLICATION) for `cdc run`.")
+@click.option("--failover", is_flag=True, help="Create the slot as a failover slot (PostgreSQL 17+).")
 @handles_errors
-def setup(config_file: Path | None, dry_run: bool, role: str | None, **flags: Any) -> None:
+def setup(config_file: Path | None, dry_run: bool, role: str | None, failover: bool, **flags: Any) -> None:
     """Create the outbox table, publication and slot (idempotent)."""
     from cdc import setup as setup_module
 
     settings = build_settings(config_file, **flags)
     configure_logging(settings.log_level, settings.log_format)
-    for name, outcome in setup_module.apply(settings, dry_run=dry_run, role=role):
+    for name, outcome in setup_module.apply(settings, dry_run=dry_run, role=role, failover=failover):
         if dry_run:
             click.echo(f"-- {name}\n{outcome}")
         else:

@@ -53,6 +53,7 @@ from cdc.errors import (
     format_lsn,
 )
 from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, RowFields, event_from_fields, parse_headers
+from cdc.setup import heartbeat_table
 from cdc.sink import Headers, KafkaSink
 from cdc.source import ReplicationSource, connect, preflight
 
@@ -110,6 +111,7 @@ class Pipeline:
         self.heartbeats_seen = 0
         self.last_heartbeat_seen = 0.0  # Unix time
         self._heartbeat_conn: psycopg.Connection[Any] | None = None
+        self._heartbeat_table_missing = False
         self._last_data = time.monotonic()  # when the stream last carried a change
         self._last_heartbeat = 0.0
         self._routes: dict[tuple[bytes, bytes, bytes], _Route] = {}
@@ -334,8 +336,7 @@ class Pipeline:
                 )
         elif isinstance(message, LogicalMessage):
             if message.prefix == HEARTBEAT_PREFIX:
-                self.heartbeats_seen += 1
-                self.last_heartbeat_seen = time.time()
+                self._heartbeat_seen()
             elif message.prefix == MESSAGE_PREFIX:
                 if not message.transactional or self._txn is None:
                     log.warning(
@@ -407,6 +408,28 @@ class Pipeline:
         txn.sent()
 
     # -- waiting and status ----------------------------------------------------------------------------
+
+    def _heartbeat_seen(self) -> None:
+        """A heartbeat came back on the stream: count it, and note it where `cdc status` looks."""
+        self.heartbeats_seen += 1
+        self.last_heartbeat_seen = time.time()
+        conn = self._heartbeat_conn
+        if conn is None or self._heartbeat_table_missing:
+            return
+        try:
+            conn.execute(
+                f"INSERT INTO {heartbeat_table(self.settings)} (slot, seen_at) VALUES (%s, now())"
+                " ON CONFLICT (slot) DO UPDATE SET seen_at = excluded.seen_at",
+                (self.settings.slot,),
+            )
+        except psycopg.errors.UndefinedTable:
+            self._heartbeat_table_missing = True
+            log.warning(
+                "heartbeats are not noted for `cdc status`: run `cdc setup` to create %s",
+                heartbeat_table(self.settings),
+            )
+        except psycopg.Error as exc:
+            log.warning("could not note the heartbeat (%s)", first_line(exc))
 
     def _heartbeat(self, now: float) -> None:
         """While the outbox is quiet, write a tiny non-transactional message into the slot's database, so the

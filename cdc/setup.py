@@ -22,6 +22,7 @@ from cdc.source import check_wal_level, connect, quote_ident, quote_literal
 log = logging.getLogger("cdc.setup")
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "slot_setup"
+HEARTBEAT_TABLE = "cdc_heartbeat"
 _WHEN = re.compile(r"--\s*when:(\w+)\s*$")
 _MARKER = re.compile(r"\{\{(\w+)\}\}")
 
@@ -42,7 +43,14 @@ def script_dir() -> Path:
     )
 
 
-def render(settings: Settings, directory: Path | None = None, *, role: str | None = None) -> list[SetupStep]:
+def heartbeat_table(settings: Settings) -> str:
+    """The quoted name of the table where `cdc run` notes the heartbeats it saw, beside the outbox."""
+    return f"{quote_ident(settings.table.schema)}.{quote_ident(HEARTBEAT_TABLE)}"
+
+
+def render(
+    settings: Settings, directory: Path | None = None, *, role: str | None = None, failover: bool = False
+) -> list[SetupStep]:
     """The scripts with every ``{{marker}}`` filled in, in their numbered order. A script whose first line
     is ``-- requires: role`` is only applied with a role."""
     columns = settings.columns.as_dict()
@@ -53,6 +61,8 @@ def render(settings: Settings, directory: Path | None = None, *, role: str | Non
         "publication_literal": quote_literal(settings.publication),
         "slot_literal": quote_literal(settings.slot),
         "schema": quote_ident(settings.table.schema),
+        "heartbeat_table": heartbeat_table(settings),
+        "failover_arguments": ", false, false, true" if failover else "",
         "index_created_at": quote_ident(f"{settings.table.name}_created_at_idx"),
         "function_emit": f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name + '_emit')}",
         "function_emit_message": (
@@ -107,16 +117,25 @@ def check_capacity(conn: psycopg.Connection[Any], settings: Settings) -> None:
         )
 
 
-def apply(settings: Settings, *, dry_run: bool = False, role: str | None = None) -> list[tuple[str, str]]:
+def apply(
+    settings: Settings, *, dry_run: bool = False, role: str | None = None, failover: bool = False
+) -> list[tuple[str, str]]:
     """Apply the scripts; returns (script, outcome) pairs. With ``dry_run``, nothing is sent to the server.
-    With ``role``, also create (or fix) a least-privilege role for ``cdc run``."""
-    steps = render(settings, role=role)
+    With ``role``, also create (or fix) a least-privilege role for ``cdc run``; with ``failover``, create
+    the slot as a failover slot (PostgreSQL 17+)."""
+    steps = render(settings, role=role, failover=failover)
     if dry_run:
         return [(step.name, step.sql) for step in steps]
     outcomes = []
     with connect(settings.database_url) as conn:
         check_wal_level(conn)
         check_capacity(conn, settings)
+        if failover and conn.info.server_version < 170000:
+            major = conn.info.server_version // 10000
+            raise StartupRefusal(
+                f"failover slots need PostgreSQL 17 or later; this server is {major}. Leave out --failover, "
+                "or upgrade"
+            )
         for step in steps:
             before = _objects(conn, settings, role)
             try:
@@ -138,7 +157,8 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None
         "SELECT to_regclass(%s) IS NOT NULL,"
         " EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s),"
         " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s),"
-        f" EXISTS ({functions} AND p.proname = %s), EXISTS ({functions} AND p.proname = %s)",
+        f" EXISTS ({functions} AND p.proname = %s), EXISTS ({functions} AND p.proname = %s),"
+        " to_regclass(%s) IS NOT NULL",
         (
             f"{quote_ident(schema)}.{quote_ident(name)}",
             settings.publication,
@@ -147,6 +167,7 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None
             f"{name}_emit",
             schema,
             f"{name}_emit_message",
+            heartbeat_table(settings),
         ),
     ).fetchone()
     assert row is not None
@@ -161,4 +182,5 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None
         f"slot {settings.slot}": bool(row[2]),
         f"function {schema}.{name}_emit": bool(row[3]),
         f"function {schema}.{name}_emit_message": bool(row[4]),
+        f"table {schema}.{HEARTBEAT_TABLE}": bool(row[5]),
     }

@@ -19,6 +19,7 @@ from cdc.errors import (
     SlotMissingError,
     parse_lsn,
 )
+from cdc.setup import heartbeat_table
 from cdc.source import connect, quote_ident
 
 
@@ -37,6 +38,7 @@ class SlotStatus:
     safe_wal_size: int | None = None
     outbox_rows: int | None = None
     oldest_row_age_s: float | None = None
+    last_heartbeat_seen: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +65,7 @@ def slot_status(settings: Settings) -> SlotStatus:
             (settings.slot,),
         ).fetchone()
         rows, age = _outbox_rows(conn, settings)
+        heartbeat = _last_heartbeat(conn, settings)
     current_lsn = current[0] if current else None
     if row is None:
         return SlotStatus(
@@ -71,6 +74,7 @@ def slot_status(settings: Settings) -> SlotStatus:
             current_wal_lsn=current_lsn,
             outbox_rows=rows,
             oldest_row_age_s=age,
+            last_heartbeat_seen=heartbeat,
         )
     active, pid, wal_status, confirmed, restart, safe = row
     now = parse_lsn(current_lsn) if current_lsn else None
@@ -88,7 +92,18 @@ def slot_status(settings: Settings) -> SlotStatus:
         safe_wal_size=safe,
         outbox_rows=rows,
         oldest_row_age_s=age,
+        last_heartbeat_seen=heartbeat,
     )
+
+
+def _last_heartbeat(conn: psycopg.Connection[Any], settings: Settings) -> str | None:
+    """When `cdc run` last read its own heartbeat back from the stream (None: never, or no table)."""
+    table = heartbeat_table(settings)
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(f"SELECT seen_at FROM {table} WHERE slot = %s", (settings.slot,)).fetchone()
+    return None if row is None else str(row[0].isoformat())
 
 
 def _outbox_rows(conn: psycopg.Connection[Any], settings: Settings) -> tuple[int | None, float | None]:

@@ -3,9 +3,12 @@ the pipeline running, the slot's retained WAL stays bounded; with it stopped, it
 
 from __future__ import annotations
 
+import json
+
 from psycopg import sql
 
 from tests.integration.test_metrics import get, metric
+from tests.integration.test_status import cdc
 from tests.plugins.pipeline import free_port, wait_until
 
 MB = 1024 * 1024
@@ -54,6 +57,8 @@ def test_heartbeats_keep_an_idle_slot_moving_and_a_stopped_one_grows(
                 "heartbeats every 0.5 s to come back on the stream",
             )
             assert metric(get(port, "/metrics")[1], "cdc_last_heartbeat_seen_timestamp_seconds") > 0
+            report = json.loads(cdc(outbox.env, "status", "--json").stdout)
+            assert report["last_heartbeat_seen"] is not None, "cdc status shows the last heartbeat seen"
             assert proc.terminate() == 0
 
             before = retained(outbox)

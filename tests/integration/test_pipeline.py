@@ -551,11 +551,13 @@ def test_sigterm_mid_stream_confirms_exactly_the_last_transaction_that_arrived(
 # -- refusals ------------------------------------------------------------------------------------------------
 
 
-def run_refused(env: dict[str, str], timeout: float = 60, command: str = "run") -> tuple[int, str, float]:
-    """`cdc <command>` as a subprocess: (exit code, stderr, seconds)."""
+def run_refused(
+    env: dict[str, str], timeout: float = 60, command: str = "run", args: list[str] | None = None
+) -> tuple[int, str, float]:
+    """`cdc <command> [args]` as a subprocess: (exit code, stderr, seconds)."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "cdc", command],
+        [sys.executable, "-m", "cdc", command, *(args or [])],
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,

@@ -7,6 +7,7 @@ import psycopg
 from psycopg import sql
 
 from tests.integration.test_pipeline import error_line, run_refused
+from tests.integration.test_status import cdc
 from tests.plugins.pipeline import wait_until
 
 
@@ -69,6 +70,11 @@ def test_invalidated_slot_is_refused_and_not_recreated(outbox, pg_admin_dsn, uni
     assert code == 2, stderr
     line = error_line(stderr)
     assert f"replication slot '{outbox.slot}' was invalidated by PostgreSQL (wal_status = lost)" in line
+
+    status = cdc(outbox.env, "status")
+    assert status.returncode == 2, "cdc status must alert on a lost slot"
+    assert "wal status             lost" in status.stdout
+    assert f"replication slot '{outbox.slot}' was invalidated" in error_line(status.stderr)
     row = outbox.conn.execute(
         "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (outbox.slot,)
     ).fetchone()

@@ -37,9 +37,9 @@ def test_setup_role_streams_heartbeats_and_reports_with_only_its_grants(
 ):
     done = cdc(outbox.env, "setup", "--role", role)
     assert done.returncode == 0, done.stderr
-    assert f"05_role.sql: created role {role}" in done.stdout
+    assert f"06_role.sql: created role {role}" in done.stdout
     again = cdc(outbox.env, "setup", "--role", role)
-    assert "05_role.sql: already present" in again.stdout
+    assert "06_role.sql: already present" in again.stdout
 
     attributes = outbox.conn.execute(
         "SELECT rolsuper, rolreplication, rolcanlogin, rolcreatedb, rolcreaterole"
@@ -58,10 +58,18 @@ def test_setup_role_streams_heartbeats_and_reports_with_only_its_grants(
     records = consume(outbox.topic("order"), 2, timeout=30)
     assert [r.headers["id"].decode() for r in records] == txn.ids
     wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the events confirmed by the role")
-    status = cdc(env, "status", "--json")
-    assert status.returncode == 0, status.stderr
+    status = wait_until(
+        lambda: (
+            (s := cdc(env, "status", "--json")).returncode == 0
+            and json.loads(s.stdout)["last_heartbeat_seen"]
+            and s
+        ),
+        30,
+        "the role's heartbeats noted for cdc status",
+    )
     assert json.loads(status.stdout)["outbox_rows"] == 2
     assert "heartbeat failed" not in proc.log()
+    assert "could not note the heartbeat" not in proc.log()
     assert proc.terminate() == 0
 
     # No more than that: the role cannot write the outbox or create anything.

@@ -20,6 +20,7 @@ def test_scripts_are_rendered_in_order_with_quoted_names():
         "02_publication.sql",
         "03_slot.sql",
         "04_outbox_emit.sql",
+        "05_heartbeat.sql",
     ]
     sql = "".join(s.sql for s in steps)
     assert 'CREATE TABLE IF NOT EXISTS "app"."outbox_events"' in sql
@@ -44,3 +45,17 @@ def test_pgoutput_options_follow_the_server_version():
     }
     assert pgoutput_options(140000, "p")["proto_version"] == "2"
     assert pgoutput_options(130000, 'we"ird') == {"proto_version": "1", "publication_names": '"we""ird"'}
+
+
+def test_failover_slot_arguments_only_when_asked():
+    plain = next(s.sql for s in render(settings()) if s.name == "03_slot.sql")
+    failover = next(s.sql for s in render(settings(), failover=True) if s.name == "03_slot.sql")
+    assert "pg_create_logical_replication_slot('cdc_outbox', 'pgoutput')" in plain
+    assert "pg_create_logical_replication_slot('cdc_outbox', 'pgoutput', false, false, true)" in failover
+
+
+def test_role_script_only_with_a_role():
+    assert "06_role.sql" not in [s.name for s in render(settings())]
+    role_sql = next(s.sql for s in render(settings(), role="cdc_stream") if s.name == "06_role.sql")
+    assert 'CREATE ROLE "cdc_stream" LOGIN REPLICATION NOSUPERUSER' in role_sql
+    assert 'GRANT SELECT, INSERT, UPDATE ON "public"."cdc_heartbeat" TO "cdc_stream"' in role_sql

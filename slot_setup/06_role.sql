@@ -15,3 +15,5 @@ $$;
 -- `cdc status` counts the outbox's rows and reads its oldest creation time.
 GRANT USAGE ON SCHEMA {{schema}} TO {{role}};
 GRANT SELECT ON {{table}} TO {{role}};
+-- `cdc run` notes the heartbeats it reads back; `cdc status` shows the last one.
+GRANT SELECT, INSERT, UPDATE ON {{heartbeat_table}} TO {{role}};

@@ -65,12 +65,12 @@ class PipelineCollector(Collector):
             "cdc_in_flight_events", "Events produced, not yet acknowledged", value=p.tracker.in_flight
         )
         yield CounterMetricFamily(
-            "cdc_heartbeats_seen", "Heartbeat messages read back from the stream", value=p.heartbeats_seen
+            "cdc_heartbeats_seen", "Heartbeat messages read back from the stream", value=p.heartbeat.seen
         )
         yield GaugeMetricFamily(
             "cdc_last_heartbeat_seen_timestamp_seconds",
             "Unix time the last heartbeat came back on the stream (0: none yet)",
-            value=p.last_heartbeat_seen,
+            value=p.heartbeat.last_seen,
         )
         yield _latency_histogram(p)
 

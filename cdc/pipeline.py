@@ -19,9 +19,6 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
 
 from cdc.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.config import Settings, describe_dsn
@@ -49,17 +46,16 @@ from cdc.errors import (
     SlotActiveError,
     SourceConnectionError,
     TopicMissingError,
-    first_line,
     format_lsn,
 )
+from cdc.heartbeat import PREFIX as HEARTBEAT_PREFIX
+from cdc.heartbeat import Heartbeat
 from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, RowFields, event_from_fields, parse_headers
-from cdc.setup import heartbeat_table
 from cdc.sink import Headers, KafkaSink
-from cdc.source import ReplicationSource, connect, preflight
+from cdc.source import ReplicationSource, preflight
 
 log = logging.getLogger("cdc.pipeline")
 
-HEARTBEAT_PREFIX = "cdc-heartbeat"
 READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
 STATUS_MIN_INTERVAL = 0.1  # seconds between status updates that only report a moved watermark
 
@@ -108,12 +104,8 @@ class Pipeline:
         self.delivery_errors = 0
         self.reconnects = 0
         self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
-        self.heartbeats_seen = 0
-        self.last_heartbeat_seen = 0.0  # Unix time
-        self._heartbeat_conn: psycopg.Connection[Any] | None = None
-        self._heartbeat_table_missing = False
+        self.heartbeat = Heartbeat(settings)
         self._last_data = time.monotonic()  # when the stream last carried a change
-        self._last_heartbeat = 0.0
         self._routes: dict[tuple[bytes, bytes, bytes], _Route] = {}
 
     # -- control ---------------------------------------------------------------------------------------
@@ -207,7 +199,7 @@ class Pipeline:
         outbox_insert = self._outbox_insert
         poll = self.sink.poll
         status_interval = self.settings.status_interval
-        heartbeat_interval = self.settings.heartbeat_interval
+        heartbeat = self.heartbeat
         while not self._stop:
             batch = source.read(READ_TIMEOUT)
             last_wal = None
@@ -234,11 +226,8 @@ class Pipeline:
                 self._received = max(self._received, int.from_bytes(last_wal[1:9], "big"))
                 self.server_wal_end = int.from_bytes(last_wal[9:17], "big")
                 self._last_data = now
-            elif (
-                now - self._last_data >= heartbeat_interval
-                and now - self._last_heartbeat >= heartbeat_interval
-            ):
-                self._heartbeat(now)
+            elif heartbeat.due(now, self._last_data):
+                heartbeat.emit(now)
             poll(0)
             failure = tracker.failure
             if failure is not None:
@@ -257,7 +246,7 @@ class Pipeline:
             # Status updates: whenever the watermark moved, but not more often than STATUS_MIN_INTERVAL
             # (at tens of thousands of events a second it moves with every batch), and at least every
             # status_interval so the server does not take us for dead.
-            since = time.monotonic() - source.last_status_at
+            since = now - source.last_status_at
             if since >= status_interval or (
                 tracker.confirmed_lsn != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
             ):
@@ -336,7 +325,7 @@ class Pipeline:
                 )
         elif isinstance(message, LogicalMessage):
             if message.prefix == HEARTBEAT_PREFIX:
-                self._heartbeat_seen()
+                self.heartbeat.came_back()
             elif message.prefix == MESSAGE_PREFIX:
                 if not message.transactional or self._txn is None:
                     log.warning(
@@ -408,49 +397,6 @@ class Pipeline:
         txn.sent()
 
     # -- waiting and status ----------------------------------------------------------------------------
-
-    def _heartbeat_seen(self) -> None:
-        """A heartbeat came back on the stream: count it, and note it where `cdc status` looks."""
-        self.heartbeats_seen += 1
-        self.last_heartbeat_seen = time.time()
-        conn = self._heartbeat_conn
-        if conn is None or self._heartbeat_table_missing:
-            return
-        try:
-            conn.execute(
-                f"INSERT INTO {heartbeat_table(self.settings)} (slot, seen_at) VALUES (%s, now())"
-                " ON CONFLICT (slot) DO UPDATE SET seen_at = excluded.seen_at",
-                (self.settings.slot,),
-            )
-        except psycopg.errors.UndefinedTable:
-            self._heartbeat_table_missing = True
-            log.warning(
-                "heartbeats are not noted for `cdc status`: run `cdc setup` to create %s",
-                heartbeat_table(self.settings),
-            )
-        except psycopg.Error as exc:
-            log.warning("could not note the heartbeat (%s)", first_line(exc))
-
-    def _heartbeat(self, now: float) -> None:
-        """While the outbox is quiet, write a tiny non-transactional message into the slot's database, so the
-        slot sees WAL of its own and moves even when the server's keepalives alone would not move it.
-        Best effort: a failure is logged and retried at the next interval, never fatal."""
-        self._last_heartbeat = now
-        try:
-            if self._heartbeat_conn is None or self._heartbeat_conn.closed:
-                self._heartbeat_conn = connect(self.settings.database_url)
-            self._heartbeat_conn.execute(
-                "SELECT pg_logical_emit_message(false, %s, now()::text)", (HEARTBEAT_PREFIX,)
-            )
-        except (psycopg.Error, SourceConnectionError) as exc:
-            log.warning(
-                "heartbeat failed (%s); trying again in %g s",
-                first_line(exc),
-                self.settings.heartbeat_interval,
-            )
-            conn, self._heartbeat_conn = self._heartbeat_conn, None
-            if conn is not None:
-                conn.close()
 
     def _ensure_topic(self, topic: str) -> None:
         try:
@@ -531,8 +477,7 @@ class Pipeline:
                 left,
                 timeout,
             )
-        if self._heartbeat_conn is not None:
-            self._heartbeat_conn.close()
+        self.heartbeat.close()
         source = self._source
         if source is not None:
             try:

@@ -8,8 +8,7 @@ import json
 from psycopg import sql
 
 from tests.integration.test_metrics import get, metric
-from tests.integration.test_status import cdc
-from tests.plugins.pipeline import free_port, wait_until
+from tests.plugins.pipeline import cdc, free_port, wait_until
 
 MB = 1024 * 1024
 

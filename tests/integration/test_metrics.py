@@ -8,8 +8,7 @@ import urllib.request
 
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.integration.test_status import cdc
-from tests.plugins.pipeline import free_port, order_placed, wait_until
+from tests.plugins.pipeline import cdc, free_port, order_placed, wait_until
 
 MARKER = "PAYLOAD-MARKER-7f3a"
 

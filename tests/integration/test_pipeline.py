@@ -11,8 +11,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -26,8 +24,8 @@ from psycopg.conninfo import conninfo_to_dict
 from cdc.encode import MAGIC, SchemaStore
 from cdc.errors import format_lsn, parse_lsn
 from tests.plugins.pipeline import (
-    ROOT,
     SCHEMAS_DIR,
+    cdc,
     free_port,
     order_placed,
     topic_partitions,
@@ -556,15 +554,7 @@ def run_refused(
 ) -> tuple[int, str, float]:
     """`cdc <command> [args]` as a subprocess: (exit code, stderr, seconds)."""
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "cdc", command, *(args or [])],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = cdc(env, command, *(args or []), timeout=timeout)
     return done.returncode, done.stderr, time.monotonic() - started
 
 

@@ -7,8 +7,7 @@ import psycopg
 from psycopg import sql
 
 from tests.integration.test_pipeline import error_line, run_refused
-from tests.integration.test_status import cdc
-from tests.plugins.pipeline import wait_until
+from tests.plugins.pipeline import cdc, wait_until
 
 
 def test_slot_in_use_by_another_pipeline_is_refused(outbox, pipeline_process):

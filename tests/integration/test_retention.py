@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from tests.integration.test_status import cdc
-from tests.plugins.pipeline import topic_size, wait_until
+from tests.plugins.pipeline import cdc, topic_size, wait_until
 
 
 def test_prune_deletes_old_rows_in_batches_and_publishes_nothing(outbox, pipeline_process, kafka_bootstrap):

@@ -11,8 +11,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.integration.test_pipeline import error_line, run_refused
-from tests.integration.test_status import cdc
-from tests.plugins.pipeline import wait_until
+from tests.plugins.pipeline import cdc, wait_until
 
 
 def as_role(dsn: str, role: str, password: str) -> str:

@@ -3,23 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from tests.integration.test_pipeline import error_line
-from tests.plugins.pipeline import ROOT, wait_until
-
-
-def cdc(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc", *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.plugins.pipeline import cdc, wait_until
 
 
 def test_status_reports_the_slot_lag_and_the_outbox(outbox, pipeline_process):

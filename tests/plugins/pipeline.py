@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cdc.config import Settings, load_settings
@@ -106,18 +106,36 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval
 # -- Kafka helpers that take the bootstrap servers (the shared broker or the private one) --------------------
 
 
-def topic_size(bootstrap: str, topic: str) -> int:
-    """How many records `topic` holds (sum over partitions of high - low watermark); 0 when it is missing."""
+# A topic created a moment ago is in the metadata before its partitions have a leader.
+_NOT_READY = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def topic_size(bootstrap: str, topic: str, timeout: float = 20.0) -> int:
+    """How many records `topic` holds (sum over partitions of high - low watermark); 0 when it is missing.
+    Waits (up to `timeout`) for partitions that have no leader yet, rather than guessing their size."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"size-{uuid.uuid4().hex}"})
+    deadline = time.monotonic() + timeout
     try:
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return 0
-        total = 0
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            total += high - low
-        return total
+        while True:
+            metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                return 0
+            try:
+                return sum(
+                    high - low
+                    for low, high in (
+                        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                        for p in metadata.partitions
+                    )
+                )
+            except KafkaException as exc:
+                if exc.args[0].code() not in _NOT_READY or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         consumer.close()
 

@@ -52,6 +52,13 @@ choose_pg_base() {
     if { is_root && ! runuser -u postgres -- test -x "$STACK_DIR" 2>/dev/null; } ||
         [ ${#STACK_DIR} -gt 70 ]; then
         base=/var/tmp/outbox-cdc-$(printf '%s' "$STACK_DIR" | sha1sum | cut -c1-12)
+        if [ -f "$base/pg/PG_VERSION" ]; then
+            # Left by an earlier checkout at this same path whose .stack/ is gone, and with it the
+            # cluster's password: unusable, so it goes.
+            say "removing a stale cluster in $base"
+            as_pg "$PG_BIN/pg_ctl" -D "$base/pg" -m immediate -w stop >/dev/null 2>&1 || true
+            rm -rf "$base"
+        fi
         mkdir -p "$base"
         chmod 755 "$base"
         say "the cluster goes to $base (postgres cannot enter $STACK_DIR, or its path is too long)"

@@ -1,0 +1,42 @@
+"""Guarantee 4 beyond a payload that does not fit: an event too large for Kafka goes to the dead-letter
+topic without its payload; and a team that would rather stop than skip sets on_invalid_event = "stop"."""
+
+from __future__ import annotations
+
+from tests.plugins.pipeline import order_placed, topic_size, wait_until
+
+
+def test_an_event_above_message_max_bytes_goes_to_the_dlq_without_its_payload(
+    outbox, pipeline_process, consume
+):
+    proc = pipeline_process()
+    proc.wait_streaming()
+    big = order_placed("o-big")
+    big["customer_id"] = "c" * 2_000_000  # 2 MB: above the producer's default message.max.bytes (1 MB)
+    txn = outbox.commit([outbox.event("b-1"), outbox.event("b-2", big), outbox.event("b-3")])
+    dead = consume(outbox.dlq_topic, 1, timeout=30)
+    assert len(dead) == 1
+    record = dead[0]
+    assert record.headers["id"].decode() == txn.ids[1]
+    assert record.headers["error_reason"] == b"too_large"
+    assert record.headers["error_class"] == b"EventTooLargeError"
+    assert record.value is None, "the payload is omitted from the dead-letter record"
+    arrived = consume(outbox.topic("order"), 2, timeout=30)
+    assert [r.headers["id"].decode() for r in arrived] == [txn.ids[0], txn.ids[2]]
+    wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the transaction confirmed")
+    assert proc.terminate() == 0
+
+
+def test_on_invalid_event_stop_stops_without_confirming_past_the_bad_event(
+    outbox, pipeline_process, kafka_bootstrap
+):
+    proc = pipeline_process(CDC_ON_INVALID_EVENT="stop")
+    proc.wait_streaming()
+    good = outbox.commit([outbox.event("s-1")])
+    wait_until(lambda: outbox.confirmed_lsn() >= good.lsn_after, 30, "the good event confirmed")
+    bad = outbox.commit([outbox.event("s-2", order_placed("o-bad", amount_cents="many"))])
+    assert proc.wait(timeout=30) == 1, proc.tail()
+    errors = [line for line in proc.log().splitlines() if line.startswith("cdc: error:")]
+    assert len(errors) == 1 and "field 'amount_cents' expects long, got string" in errors[0], proc.tail()
+    assert outbox.confirmed_lsn() < bad.lsn_after, "the slot must not pass the event it stopped on"
+    assert topic_size(kafka_bootstrap, outbox.dlq_topic) == 0

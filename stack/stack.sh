@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The local development stack, without Docker: a PostgreSQL cluster and an Apache Kafka broker (KRaft), both
-# of the project's own, on loopback, with their state under .stack/.
+# The local development stack, without Docker: a PostgreSQL cluster, an Apache Kafka broker (KRaft) and a
+# Confluent-compatible Schema Registry (Apicurio Registry, in memory), all of the project's own, on loopback,
+# with their state under .stack/.
 #
 #   stack/stack.sh up       start what is not running yet (idempotent), then write .stack/env
 #   stack/stack.sh down     stop only the processes this script started (pid files)
 #   stack/stack.sh status   say what runs, and where its log is
-#   stack/stack.sh clean    down, then remove the stack's state (the Kafka jars too)
+#   stack/stack.sh clean    down, then remove the stack's state (the Kafka jars and the registry build too)
 #
-# Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT and
-# CDC_STACK_KAFKA_CONTROLLER_PORT.
+# Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT,
+# CDC_STACK_KAFKA_CONTROLLER_PORT and CDC_STACK_REGISTRY_PORT.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,6 +17,7 @@ STACK_DIR=${CDC_STACK_DIR:-$ROOT/.stack}
 PG_PORT=${CDC_STACK_PG_PORT:-55432}
 KAFKA_PORT=${CDC_STACK_KAFKA_PORT:-59092}
 KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-59093}
+REGISTRY_PORT=${CDC_STACK_REGISTRY_PORT:-58081}
 PG_DB=cdc
 PG_SUPERUSER=postgres
 
@@ -24,6 +26,13 @@ KAFKA_LIBS=$KAFKA_HOME/libs
 KAFKA_DATA=$KAFKA_HOME/data
 KAFKA_LOG=$STACK_DIR/logs/kafka.log
 KAFKA_PID=$STACK_DIR/kafka.pid
+
+REGISTRY_HOME=$STACK_DIR/registry
+REGISTRY_BUILD=$REGISTRY_HOME/build
+REGISTRY_JAR=$REGISTRY_BUILD/quarkus-app/quarkus-run.jar
+REGISTRY_LOG=$STACK_DIR/logs/registry.log
+REGISTRY_PID=$STACK_DIR/registry.pid
+REGISTRY_API=http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7
 
 say() { printf 'stack: %s\n' "$*"; }
 fail() {
@@ -187,8 +196,12 @@ java_major() {
     java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1
 }
 
-ensure_kafka_installed() {
+ensure_java() {
     if [ "$(java_major)" -lt 17 ]; then apt_install openjdk-17-jre-headless; fi
+}
+
+ensure_kafka_installed() {
+    ensure_java
     local want
     want=$(sha256sum "$ROOT/stack/kafka/pom.xml" | cut -d' ' -f1)
     if [ -f "$KAFKA_LIBS/.resolved" ] && [ "$(cat "$KAFKA_LIBS/.resolved")" = "$want" ]; then
@@ -248,26 +261,101 @@ start_kafka() {
     fail "kafka does not answer on 127.0.0.1:$KAFKA_PORT after 60 s" "$KAFKA_LOG"
 }
 
-stop_kafka() {
-    if ! kafka_running; then
-        rm -f "$KAFKA_PID"
-        say "kafka is not running"
+# stop_by_pid_file NAME PID_FILE: TERM the process this script started, KILL it after 30 s.
+stop_by_pid_file() {
+    local name=$1 pid_file=$2 pid i
+    if ! { [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; }; then
+        rm -f "$pid_file"
+        say "$name is not running"
         return 0
     fi
-    local pid i
-    pid=$(cat "$KAFKA_PID")
-    say "stopping kafka (pid $pid)"
+    pid=$(cat "$pid_file")
+    say "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     for i in $(seq 1 60); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.5
     done
     if kill -0 "$pid" 2>/dev/null; then
-        say "kafka did not stop in 30 s; killing it"
+        say "$name did not stop in 30 s; killing it"
         kill -KILL "$pid" 2>/dev/null || true
     fi
-    rm -f "$KAFKA_PID"
+    rm -f "$pid_file"
 }
+
+stop_kafka() { stop_by_pid_file kafka "$KAFKA_PID"; }
+
+# The registry's build is keyed by its pom and build-time properties: a change to either rebuilds it.
+registry_build_key() {
+    cat "$ROOT/stack/registry/pom.xml" "$ROOT/stack/registry/src/main/resources/application.properties" |
+        sha256sum | cut -d' ' -f1
+}
+
+ensure_registry_built() {
+    ensure_java
+    local want
+    want=$(registry_build_key)
+    if [ -f "$REGISTRY_JAR" ] && [ "$(cat "$REGISTRY_HOME/.built" 2>/dev/null)" = "$want" ]; then
+        return 0
+    fi
+    command -v mvn >/dev/null 2>&1 || apt_install maven
+    say "building the schema registry (Apicurio) from Maven Central's jars (first run only, a few minutes)"
+    rm -rf "$REGISTRY_HOME"
+    mkdir -p "$REGISTRY_HOME"
+    mvn -B -f "$ROOT/stack/registry/pom.xml" package -DskipTests -Dregistry.build.dir="$REGISTRY_BUILD" \
+        >"$STACK_DIR/logs/registry-maven.log" 2>&1 ||
+        fail "mvn could not build the schema registry (io.apicurio:apicurio-registry-app)" \
+            "$STACK_DIR/logs/registry-maven.log"
+    [ -f "$REGISTRY_JAR" ] || fail "the registry build made no $REGISTRY_JAR" "$STACK_DIR/logs/registry-maven.log"
+    echo "$want" >"$REGISTRY_HOME/.built"
+}
+
+registry_running() { [ -f "$REGISTRY_PID" ] && kill -0 "$(cat "$REGISTRY_PID")" 2>/dev/null; }
+
+# The Confluent-compatible API answers with the subjects, a JSON array.
+registry_answers() {
+    local out
+    out=$(curl -sf --max-time 5 "$REGISTRY_API/subjects" 2>/dev/null) || return 1
+    [[ $out == \[* ]]
+}
+
+start_registry() {
+    if registry_running; then
+        say "schema registry already running on 127.0.0.1:$REGISTRY_PORT (pid $(cat "$REGISTRY_PID"))"
+        if [ "$(cat "$REGISTRY_HOME/.built" 2>/dev/null)" != "$(registry_build_key)" ]; then
+            say "(stack/registry/ changed since it was built: stack-down and stack-up to rebuild it)"
+        fi
+        return 0
+    fi
+    ensure_registry_built
+    if port_open "$REGISTRY_PORT"; then
+        fail "port $REGISTRY_PORT is taken by a process this stack did not start (set CDC_STACK_REGISTRY_PORT)"
+    fi
+    command -v curl >/dev/null 2>&1 || apt_install curl
+    say "starting the schema registry on 127.0.0.1:$REGISTRY_PORT"
+    # In memory (H2): its schemas last as long as the process. Authentication is off, and set so explicitly:
+    # Apicurio also reads AUTH_ENABLED and friends from the environment. The ccompat API hands out content
+    # ids, as Confluent does (one id per distinct schema, whatever the subject), and GET /schemas/ids/{id}
+    # takes the same ids. Its working directory is .stack/registry, where the transaction manager may keep
+    # its ObjectStore; exec, so that the pid is the JVM's.
+    (cd "$REGISTRY_HOME" && exec setsid java -Xms64m -Xmx384m -XX:+UseSerialGC -Djava.awt.headless=true \
+        -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$REGISTRY_PORT" \
+        -Dregistry.auth.enabled=false -Dregistry.ccompat.legacy-id-mode.enabled=false \
+        -jar "$REGISTRY_JAR") >"$REGISTRY_LOG" 2>&1 </dev/null &
+    echo $! >"$REGISTRY_PID"
+    local i
+    for i in $(seq 1 240); do
+        if ! registry_running; then
+            rm -f "$REGISTRY_PID"
+            fail "the schema registry exited during start-up" "$REGISTRY_LOG"
+        fi
+        registry_answers && return 0
+        sleep 0.5
+    done
+    fail "the schema registry does not answer at $REGISTRY_API after 120 s" "$REGISTRY_LOG"
+}
+
+stop_registry() { stop_by_pid_file "schema registry" "$REGISTRY_PID"; }
 
 write_env() {
     local url="postgresql://$PG_SUPERUSER:$(pg_password)@127.0.0.1:$PG_PORT/$PG_DB"
@@ -277,6 +365,7 @@ write_env() {
 # Written by 'make stack-up'. Source it: . .stack/env
 export CDC_DATABASE_URL='$url'
 export CDC_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:$KAFKA_PORT'
+export CDC_SCHEMA_REGISTRY_URL='$REGISTRY_API'
 export CDC_STACK_PG_BIN='$PG_BIN'
 export CDC_STACK_PG_SOCKET_DIR='$PG_RUN'
 export CDC_STACK_PG_PORT='$PG_PORT'
@@ -289,12 +378,15 @@ cmd_up() {
     mkdir -p "$STACK_DIR/logs"
     start_postgres
     start_kafka
+    start_registry
     write_env
-    say "ready: postgres 127.0.0.1:$PG_PORT, kafka 127.0.0.1:$KAFKA_PORT; settings in $STACK_DIR/env"
+    say "ready: postgres 127.0.0.1:$PG_PORT, kafka 127.0.0.1:$KAFKA_PORT," \
+        "schema registry $REGISTRY_API; settings in $STACK_DIR/env"
 }
 
 cmd_down() {
     mkdir -p "$STACK_DIR/logs"
+    stop_registry
     stop_kafka
     stop_postgres
 }
@@ -312,6 +404,12 @@ cmd_status() {
         say "kafka:    running on 127.0.0.1:$KAFKA_PORT, pid $(cat "$KAFKA_PID") (log $KAFKA_LOG)"
     else
         say "kafka:    stopped"
+        rc=1
+    fi
+    if registry_running; then
+        say "registry: running at $REGISTRY_API, pid $(cat "$REGISTRY_PID") (log $REGISTRY_LOG)"
+    else
+        say "registry: stopped"
         rc=1
     fi
     return $rc

@@ -4,6 +4,8 @@ pytest_plugins = [
     "tests.plugins.services",
     "tests.plugins.postgres",
     "tests.plugins.kafka",
+    "tests.plugins.registry",
     "tests.plugins.pipeline",
     "tests.plugins.pgcluster",
+    "tests.plugins.proxy",
 ]

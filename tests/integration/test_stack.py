@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
 import uuid
 
 import psycopg
+import pytest
 from confluent_kafka import Producer
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from psycopg import sql
 
 
@@ -72,3 +77,43 @@ def test_kafka_produces_and_consumes(kafka_bootstrap, topic_factory, consume):
 def test_consume_stops_at_timeout_with_what_it_has(topic_factory, consume):
     topic = topic_factory()
     assert consume(topic, n=1, timeout=2) == []
+
+
+def _avro(*fields: dict) -> Schema:
+    record = {"type": "record", "name": "A", "namespace": "t", "fields": list(fields)}
+    return Schema(json.dumps(record), "AVRO")
+
+
+def test_schema_registry_answers(schema_registry_url):
+    with urllib.request.urlopen(f"{schema_registry_url}/subjects", timeout=10) as response:
+        assert isinstance(json.load(response), list)
+    with urllib.request.urlopen(f"{schema_registry_url}/config", timeout=10) as response:
+        assert "compatibilityLevel" in json.load(response)
+
+
+def test_schema_registry_registers_looks_up_and_enforces_compatibility(schema_registry_url, unique_name):
+    subject = f"{unique_name('sr')}-value"
+    v1 = _avro({"name": "x", "type": "int"})
+    v2 = _avro({"name": "x", "type": "int"}, {"name": "y", "type": "string", "default": ""})
+    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+        schema_id = client.register_schema(subject, v1)
+        # The id the registry hands out is the one it serves the schema under (what a consumer of a framed
+        # value asks for); a second client, so that the answer is not the first one's cache.
+        with SchemaRegistryClient({"url": schema_registry_url}) as reader:
+            assert json.loads(reader.get_schema(schema_id).schema_str) == json.loads(v1.schema_str)
+        assert client.register_schema(subject, v1) == schema_id  # registering again changes nothing
+
+        client.set_compatibility(subject, "BACKWARD")
+        assert client.get_compatibility(subject) == "BACKWARD"
+        found = client.lookup_schema(subject, v1)
+        assert (found.schema_id, found.version) == (schema_id, 1)
+
+        v2_id = client.register_schema(subject, v2)
+        assert v2_id != schema_id
+        with pytest.raises(SchemaRegistryError) as refused:  # x: int -> string cannot read v2's data
+            client.register_schema(subject, _avro({"name": "x", "type": "string"}))
+        assert refused.value.http_status_code == 409
+        assert client.get_versions(subject) == [1, 2]
+
+        # Confluent's ids: one per distinct schema, shared by every subject that registers it.
+        assert client.register_schema(f"{unique_name('sr')}-value", v2) == v2_id

@@ -21,8 +21,8 @@ def stack_default(name: str) -> str:
     return match.group(1)
 
 
-def test_services_are_postgres_kafka_and_cdc():
-    assert set(load_compose()["services"]) == {"postgres", "kafka", "cdc"}
+def test_services_are_postgres_kafka_registry_and_cdc():
+    assert set(load_compose()["services"]) == {"postgres", "kafka", "apicurio", "cdc"}
 
 
 def test_postgres_runs_with_logical_decoding_on_the_stack_port():
@@ -45,7 +45,19 @@ def test_kafka_is_kraft_on_the_stack_port():
     assert str(env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"]).lower() == "false"
 
 
-def test_cdc_service_is_built_here_and_wired_to_both():
+def test_registry_is_the_stack_apicurio_on_the_stack_port():
+    registry = load_compose()["services"]["apicurio"]
+    pom = (ROOT / "stack/registry/pom.xml").read_text()
+    version = re.search(r"<apicurio.version>([^<]+)</apicurio.version>", pom)
+    assert version, "apicurio.version not found in stack/registry/pom.xml"
+    image, _, tag = registry["image"].partition(":")
+    assert image.startswith("apicurio/apicurio-registry")
+    assert tag == version.group(1), "compose and the local stack must run the same Apicurio release"
+    assert f"127.0.0.1:{stack_default('REGISTRY_PORT')}:8080" in registry["ports"]
+    assert str(registry["environment"]["AUTH_ENABLED"]).lower() == "false"
+
+
+def test_cdc_service_is_built_here_and_wired_to_all():
     compose = load_compose()
     cdc = compose["services"]["cdc"]
     assert (ROOT / cdc["build"]["dockerfile"]).is_file()
@@ -55,6 +67,7 @@ def test_cdc_service_is_built_here_and_wired_to_both():
     assert (
         f"INTERNAL://{internal}" in compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     )
-    assert set(cdc["depends_on"]) == {"postgres", "kafka"}
+    assert env["CDC_SCHEMA_REGISTRY_URL"] == "http://apicurio:8080/apis/ccompat/v7"
+    assert set(cdc["depends_on"]) == {"postgres", "kafka", "apicurio"}
     dockerfile = (ROOT / cdc["build"]["dockerfile"]).read_text()
     assert re.search(r"^USER (?!root)\w+", dockerfile, re.M), "the image must not run as root"

@@ -48,6 +48,16 @@ _SECRET_KEY_PARTS = ("password", "secret", "sasl.oauthbearer.config", "key.pem",
 _PLACEHOLDERS = ("aggregate_type", "event_type")
 _CHOICES = {
     "value_format": ("single-object", "confluent"),
+    "schema_compatibility": (
+        "BACKWARD",
+        "BACKWARD_TRANSITIVE",
+        "FORWARD",
+        "FORWARD_TRANSITIVE",
+        "FULL",
+        "FULL_TRANSITIVE",
+        "NONE",
+    ),
+    "subject_name_strategy": ("topic_record", "topic", "record"),
     "on_invalid_event": ("dlq", "stop"),
     "log_format": ("text", "json"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
@@ -131,6 +141,8 @@ class Settings:
     dlq_topic: str = "outbox.dlq"
     value_format: str = "single-object"
     schema_registry_url: str | None = None
+    schema_compatibility: str = "BACKWARD"
+    subject_name_strategy: str = "topic_record"
     topic_partitions: int = 3
     topic_replication_factor: int = 1
     create_topics: bool = True
@@ -255,9 +267,16 @@ _ENV = {**{f"CDC_{k.upper()}": k for k in _KINDS}, "CDC_KAFKA_BOOTSTRAP_SERVERS"
 
 
 def load_settings(
-    *, config_file: Path | None, environ: Mapping[str, str], overrides: Mapping[str, object]
+    *,
+    config_file: Path | None,
+    environ: Mapping[str, str],
+    overrides: Mapping[str, object],
+    require_database: bool = True,
 ) -> Settings:
-    """Merge defaults < TOML file < ``CDC_*`` environment < overrides, validate, and build Settings."""
+    """Merge defaults < TOML file < ``CDC_*`` environment < overrides, validate, and build Settings.
+
+    ``require_database=False`` is for commands that never connect to PostgreSQL (``cdc schemas``, ``cdc
+    dlq``): ``database_url`` may then be missing, and is empty."""
     merged: dict[str, tuple[object, str]] = {}
     if config_file is None and environ.get("CDC_CONFIG"):
         config_file = Path(environ["CDC_CONFIG"])
@@ -272,6 +291,8 @@ def load_settings(
     merged.update((_ENV[e], (v, f"from {e}")) for e, v in environ.items() if e in _ENV and v != "")
     given = _flatten({k: v for k, v in overrides.items() if v is not None}, "in the overrides")
     merged.update((k, (v, "from the overrides")) for k, v in given.items())
+    if "database_url" not in merged and not require_database:
+        merged["database_url"] = ("", "not needed by this command")
     if "database_url" not in merged:
         raise ConfigError(
             "setting 'database_url' is required: set CDC_DATABASE_URL or database_url in the config file",
@@ -280,7 +301,7 @@ def load_settings(
     kwargs = {k: _coerce(k, v, f" ({src})") for k, (v, src) in merged.items() if not k.startswith("kafka.")}
     sources = MappingProxyType({k: w for k, (_, w) in merged.items()})
     settings = Settings(kafka=_kafka(merged), sources=sources, **kwargs)  # type: ignore[arg-type]
-    _check(settings, merged)
+    _check(settings, merged, require_database)
     return settings
 
 
@@ -339,7 +360,7 @@ def _coerce(key: str, value: object, where: str) -> object:
         raise _fail(key, where, "a string", value)
     text = str(value)
     if key in _CHOICES:
-        text = text.upper() if key == "log_level" else text
+        text = text.upper() if key in ("log_level", "schema_compatibility") else text
         if text not in _CHOICES[key]:
             raise _fail(key, where, "one of " + ", ".join(map(repr, _CHOICES[key])), value)
     if key == "table":
@@ -400,11 +421,11 @@ def _kafka(merged: Mapping[str, tuple[object, str]]) -> KafkaSettings:
     return KafkaSettings(bootstrap_servers=servers, extra=MappingProxyType(extra))
 
 
-def _check(s: Settings, merged: Mapping[str, tuple[object, str]]) -> None:
+def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_database: bool = True) -> None:
     def where(key: str) -> str:
         return f" ({merged[key][1]})" if key in merged else ""
 
-    if not s.database_url.strip():
+    if require_database and not s.database_url.strip():
         raise ConfigError("setting 'database_url' must not be empty", key="database_url")
     if not re.fullmatch(r"[a-z0-9_]{1,63}", s.slot):
         raise _fail("slot", where("slot"), "lower-case letters, digits and _ (at most 63)", s.slot)

@@ -66,6 +66,7 @@ class StoredSchema:
     parsed: Any
     canonical: str  # Parsing Canonical Form
     fingerprint: bytes  # CRC-64-AVRO of ``canonical``: 8 bytes, little-endian, as in single-object encoding
+    text: str = ""  # the file's JSON, compacted: what a registry gets (the canonical form drops defaults)
 
 
 class SchemaStore:
@@ -92,7 +93,8 @@ class SchemaStore:
         except OSError as exc:
             raise SchemaNotFoundError(f"schema for {what}: cannot read {path}: {exc.strerror}") from exc
         try:
-            parsed = parse_schema(orjson.loads(text))
+            source = orjson.loads(text)
+            parsed = parse_schema(source)
             canonical = to_parsing_canonical_form(parsed)
         except Exception as exc:
             raise SchemaNotFoundError(f"schema for {what} in {path} is not valid Avro: {exc}") from exc
@@ -103,7 +105,7 @@ class SchemaStore:
         ):
             raise SchemaNotFoundError(f"schema for {what} in {path} must be a record named {event_type!r}")
         fp = bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
-        stored = StoredSchema(event_type, version, path, parsed, canonical, fp)
+        stored = StoredSchema(event_type, version, path, parsed, canonical, fp, orjson.dumps(source).decode())
         self._cache[(event_type, version)] = stored
         known = self._by_fingerprint.get(fp)  # equal canonical forms: the lowest (event type, version) wins
         if known is None or (event_type, version) < (known.event_type, known.version):
@@ -149,12 +151,16 @@ class AvroEncoder:
         header, fn, what = self._compiled.get(key) or self._compile(key)
         return _run(fn, what, payload, bytearray(header))
 
-    def encoder_for(self, event_type: str, schema_version: int) -> Callable[[Payload], bytes]:
+    def encoder_for(
+        self, event_type: str, schema_version: int, *, header: bytes | None = None
+    ) -> Callable[[Payload], bytes]:
         """``encode`` bound to one schema, for callers that route many events of the same type: the
-        per-event cost is then the parse, the validation and the writing alone."""
-        header, fn, what = self._compiled.get((event_type, schema_version)) or self._compile(
+        per-event cost is then the parse, the validation and the writing alone. ``header`` replaces the
+        single-object prefix (Confluent framing: ``00`` + schema id)."""
+        single_object, fn, what = self._compiled.get((event_type, schema_version)) or self._compile(
             (event_type, schema_version)
         )
+        header = single_object if header is None else header
 
         def encode(payload: Payload) -> bytes:
             return _run(fn, what, payload, bytearray(header))

@@ -21,10 +21,15 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── MalformedEventError       a required column is null or has the wrong shape
 │   ├── SchemaNotFoundError       no schema for this event_type / schema_version
 │   ├── PayloadInvalidError       the payload does not fit its schema (or is not JSON)
+│   ├── SchemaRejectedError       the schema registry refused the event's schema (incompatible, invalid)
 │   └── EventTooLargeError        the encoded record is above the producer's message.max.bytes
 ├── SinkError                     the Kafka side
 │   ├── TopicMissingError         the topic does not exist and may not be created
+│   ├── RegistryUnavailableError  the schema registry does not answer or fails: events wait, with backoff
 │   └── DeliveryError             Kafka reported a fatal or timed-out delivery: the pipeline stops
+├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
+├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
+├── DeserializationError          the consumer side: a value that cannot be decoded to an event
 └── CheckpointError               the acknowledgement bookkeeping was asked something impossible
 ```
 """
@@ -36,14 +41,19 @@ __all__ = [
     "CdcError",
     "CheckpointError",
     "ConfigError",
+    "DeadLetterError",
     "DeliveryError",
+    "DeserializationError",
     "EventError",
     "EventTooLargeError",
     "MalformedEventError",
     "PayloadInvalidError",
     "ProtocolError",
     "PublicationError",
+    "RegistryUnavailableError",
+    "SchemaCompatibilityError",
     "SchemaNotFoundError",
+    "SchemaRejectedError",
     "SinkError",
     "SlotActiveError",
     "SlotInvalidatedError",
@@ -146,6 +156,10 @@ class PayloadInvalidError(EventError):
     reason = "payload_invalid"
 
 
+class SchemaRejectedError(EventError):
+    reason = "schema_rejected"
+
+
 class EventTooLargeError(EventError):
     reason = "too_large"
 
@@ -158,7 +172,23 @@ class TopicMissingError(SinkError):
     pass
 
 
+class RegistryUnavailableError(SinkError):
+    """Infrastructure, never the event's fault: the event waits with backoff, it is not dead-lettered."""
+
+
 class DeliveryError(SinkError):
+    pass
+
+
+class SchemaCompatibilityError(CdcError):
+    pass
+
+
+class DeadLetterError(CdcError):
+    pass
+
+
+class DeserializationError(CdcError):
     pass
 
 

@@ -36,3 +36,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # The registry client's HTTP library logs every request at INFO: one line per schema lookup is noise,
+    # and a URL is not ours to print unredacted.
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)

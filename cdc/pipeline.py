@@ -19,6 +19,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import TypeVar
 
 from cdc.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.config import Settings, describe_dsn
@@ -43,6 +44,7 @@ from cdc.errors import (
     EventError,
     EventTooLargeError,
     MalformedEventError,
+    RegistryUnavailableError,
     SlotActiveError,
     SourceConnectionError,
     TopicMissingError,
@@ -50,6 +52,7 @@ from cdc.errors import (
 )
 from cdc.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from cdc.heartbeat import Heartbeat
+from cdc.registry import SchemaRegistry, confluent_header
 from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, RowFields, event_from_fields, parse_headers
 from cdc.sink import Headers, KafkaSink
 from cdc.source import ReplicationSource, preflight
@@ -60,6 +63,7 @@ READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which b
 STATUS_MIN_INTERVAL = 0.1  # seconds between status updates that only report a moved watermark
 
 _Route = tuple[str, Callable[[bytes], bytes]]
+_T = TypeVar("_T")
 
 
 class _StopRequested(Exception):
@@ -86,7 +90,11 @@ class Pipeline:
     def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
         self.settings = settings
         self.router = EventRouter(settings)
-        self.encoder = AvroEncoder(SchemaStore(settings.schemas_dir))
+        store = SchemaStore(settings.schemas_dir)
+        self.encoder = AvroEncoder(store)
+        self.registry = (
+            SchemaRegistry.from_settings(settings, store) if settings.value_format == "confluent" else None
+        )
         self.sink = sink or KafkaSink(settings)
         self.latency = AckLatency()
         self.tracker = AckTracker(latency=self.latency)
@@ -300,11 +308,24 @@ class Pipeline:
 
     def _route_for(self, aggregate_type: bytes, event_type: bytes, version: bytes) -> _Route:
         """Topic and bound encoder of one (aggregate type, event type, version); cached when it works."""
-        at, et = aggregate_type.decode(), event_type.decode()
-        route = (self.router.topic(at, et), self.encoder.encoder_for(et, int(version)))
-        self._ensure_topic(route[0])
-        self._routes[(aggregate_type, event_type, version)] = route
+        at, et, v = aggregate_type.decode(), event_type.decode(), int(version)
+        topic = self.router.topic(at, et)
+        encode = self.encoder.encoder_for(et, v)  # the schema file first: a missing one is the event's fault
+        if self.registry is not None:
+            encode = self.encoder.encoder_for(et, v, header=confluent_header(self._schema_id(topic, et, v)))
+        self._ensure_topic(topic)
+        route = self._routes[(aggregate_type, event_type, version)] = (topic, encode)
         return route
+
+    def _schema_id(self, topic: str, event_type: str, version: int) -> int:
+        """The registry's id for the schema; while the registry is down the event waits, with backoff."""
+        registry = self.registry
+        assert registry is not None
+        return self._waiting(
+            lambda: registry.schema_id(topic, event_type, version),
+            RegistryUnavailableError,
+            f"the schema registry answers again ({event_type} v{version})",
+        )
 
     def _handle(self, message: object) -> None:
         if isinstance(message, Begin):
@@ -399,27 +420,28 @@ class Pipeline:
     # -- waiting and status ----------------------------------------------------------------------------
 
     def _ensure_topic(self, topic: str) -> None:
+        self._waiting(lambda: self.sink.ensure_topic(topic), TopicMissingError, f"topic {topic} exists now")
+
+    def _waiting(self, attempt: Callable[[], _T], waits_on: type[CdcError], recovered: str) -> _T:
+        """``attempt()``, again and again with backoff while it raises ``waits_on`` (an infrastructure
+        problem the event is not to blame for), keeping the replication connection alive meanwhile."""
         try:
-            self.sink.ensure_topic(topic)
-            return
-        except TopicMissingError as exc:
-            first_error = exc
+            return attempt()
+        except waits_on as exc:
+            log.warning("%s; waiting, with backoff", exc)
         s = self.settings
         backoff = Backoff(s.backoff_initial, s.backoff_multiplier, s.backoff_max)
-        log.warning("%s", first_error)
         while True:
-            delay = backoff.next_delay()
-            self._sleep(delay, keep_alive=True)
+            self._sleep(backoff.next_delay(), keep_alive=True)
             if self._stop:
                 raise _StopRequested
             try:
-                self.sink.ensure_topic(topic)
-                log.info("topic %s exists now; going on", topic)
-                return
-            except TopicMissingError:
-                log.warning(
-                    "topic %s still missing (attempt %d); checking again with backoff", topic, backoff.attempt
-                )
+                result = attempt()
+            except waits_on as exc:
+                log.warning("%s (attempt %d); waiting, with backoff", exc, backoff.attempt)
+                continue
+            log.info("%s; going on", recovered)
+            return result
 
     def _keep_alive(self) -> None:
         """Called while waiting on Kafka: keep the replication connection's status updates flowing."""
@@ -478,6 +500,8 @@ class Pipeline:
                 timeout,
             )
         self.heartbeat.close()
+        if self.registry is not None:
+            self.registry.close()
         source = self._source
         if source is not None:
             try:

@@ -68,7 +68,7 @@ def test_missing_topic_waits_when_creation_is_off_then_goes_on(
     txn = outbox.commit([outbox.event("a-1"), outbox.event("a-1")])
     proc.wait_for_log(f"topic '{topic}' does not exist and create_topics is off", timeout=30)
     # It waits: the slot is not confirmed past the event, nothing is produced anywhere.
-    wait_until(lambda: "still missing" in proc.log(), 10, "a retry log line")
+    wait_until(lambda: "(attempt 2); waiting, with backoff" in proc.log(), 10, "a retry log line")
     assert outbox.confirmed_lsn() < txn.lsn_after
     create_topic(kafka_admin, topic, partitions=3)
     records = consume(topic, 2, timeout=60)

@@ -210,6 +210,69 @@ def outbox_prune(config_file: Path | None, older_than: str, batch_size: int, **f
 
 
 @main.group()
+def consumer() -> None:
+    """processed_events, the guard table of cdc.consumer.IdempotentConsumer, in a service's database."""
+
+
+_processed_table = click.option(
+    "--processed-table", default="public.processed_events", show_default=True, help="The guard table."
+)
+
+
+@consumer.command("setup")
+@settings_options
+@_processed_table
+@click.option("--dry-run", is_flag=True, help="Print the SQL instead of running it.")
+@handles_errors
+def consumer_setup(config_file: Path | None, processed_table: str, dry_run: bool, **flags: Any) -> None:
+    """Create processed_events, keyed (event_id, consumer), in the service's database (idempotent)."""
+    from cdc.processed import apply_setup, parse_table
+
+    table = parse_table(processed_table)
+    settings = build_settings(config_file, require_database=not dry_run, **flags)
+    for what, outcome in apply_setup(settings.database_url, table, dry_run=dry_run):
+        click.echo(f"-- {what}\n{outcome}" if dry_run else f"{what}: {outcome}")
+
+
+@consumer.command("prune")
+@settings_options
+@_processed_table
+@click.option(
+    "--older-than",
+    required=True,
+    help="Forget events processed longer ago than this (7d, 12h): more than the topics' retention.",
+)
+@click.option("--batch-size", default=10_000, show_default=True, help="Rows deleted per transaction.")
+@click.option("--consumer", "consumer_name", help="Only this consumer's rows (default: every consumer's).")
+@handles_errors
+def consumer_prune(
+    config_file: Path | None,
+    processed_table: str,
+    older_than: str,
+    batch_size: int,
+    consumer_name: str | None,
+    **flags: Any,
+) -> None:
+    """Delete old processed_events rows in small batches.
+
+    A deleted row forgets its event: a redelivery after that runs the handler again. Keep rows longer than
+    any event can come back (the topic's retention, plus the longest consumer lag)."""
+    from cdc.processed import parse_table, prune
+    from cdc.retention import parse_duration
+
+    table = parse_table(processed_table)
+    settings = build_settings(config_file, **flags)
+    deleted = prune(
+        settings.database_url,
+        parse_duration(older_than),
+        table=table,
+        batch_size=batch_size,
+        consumer=consumer_name,
+    )
+    click.echo(f"deleted {deleted} rows older than {older_than} from {table}")
+
+
+@main.group()
 def schemas() -> None:
     """The event schemas in schemas_dir: list, check compatibility, register in a schema registry."""
 

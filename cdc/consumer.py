@@ -1,7 +1,383 @@
-"""For the services downstream: read the pipeline's events."""
+"""For the services downstream: read the pipeline's events and give each exactly one business effect.
+
+Kafka delivers at least once (a pipeline restart republishes, a rebalance or a crash re-reads what was not
+committed). :class:`IdempotentConsumer` turns that into one effect per event, using the service's own
+PostgreSQL: for each record it
+
+1. decodes it (:class:`EventDeserializer`; an undecodable record is a permanent error, see below);
+2. in one transaction inserts ``(event_id, consumer)`` into ``processed_events`` (``ON CONFLICT DO NOTHING``)
+   and, only when that row is new, calls ``handler(conn, event)``: the effect and the guard row commit
+   together or not at all; a duplicate commits nothing new and skips the handler;
+3. commits the Kafka offset past the record, synchronously, only after the database commit.
+
+A crash anywhere before step 2's commit leaves neither the effect nor the guard row, and the record is read
+again; a crash between 2 and 3 leaves both, and the redelivered record is acknowledged as a duplicate.
+
+    def create_invoice(conn, event):  # inside the transaction: use conn, never commit
+        conn.execute("INSERT INTO invoices (order_id) VALUES (%s)", (event.payload["order_id"],))
+
+    IdempotentConsumer(name="invoice-service", topics=["outbox.event.order"], handler=create_invoice,
+                       database_url=dsn, bootstrap_servers="kafka:9092",
+                       deserializer=EventDeserializer("schemas", reader_versions={"OrderPlaced": 1})).serve()
+
+``cdc consumer setup`` creates ``processed_events``, ``cdc consumer prune`` trims it (:mod:`cdc.processed`).
+
+What a handler's exception does is decided in :mod:`cdc.failures`: a :class:`RetryableError` is retried
+with backoff (bounded; then the consumer stops), a :class:`PermanentError` or an undecodable record goes to
+the service's dead-letter topic and the partition moves on, anything else rolls back and leaves
+:meth:`IdempotentConsumer.run` without committing the offset, so a restart reads the record again.
+
+Rebalances: callbacks run inside ``poll()``, i.e. between records, so a revoked partition's current record is
+finished and committed before the partition goes; an offset whose commit failed is retried on revocation.
+:meth:`IdempotentConsumer.serve` stops on SIGTERM/SIGINT after the current record, commits, leaves the group
+and returns, or exits 1 when that takes longer than ``shutdown_timeout`` (uncommitted work is re-read).
+Payloads are never logged; dead-letter headers carry the handler's message, so keep values out of it.
+"""
 
 from __future__ import annotations
 
-from cdc.deserialize import Event, EventDeserializer, KafkaMessage
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Literal
 
-__all__ = ["Event", "EventDeserializer", "KafkaMessage"]
+import psycopg
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from cdc.config import TableRef
+from cdc.deserialize import Event, EventDeserializer, KafkaMessage
+from cdc.errors import (
+    ConfigError,
+    ConsumerError,
+    DeserializationError,
+    PermanentError,
+    RetriesExhaustedError,
+    RetryableError,
+    TopicMissingError,
+    first_line,
+)
+from cdc.failures import RetryPolicy, classify, dead_letter_headers, error_reason
+from cdc.processed import DEFAULT_TABLE, mark_processed
+
+__all__ = [
+    "Event",
+    "EventDeserializer",
+    "Handler",
+    "IdempotentConsumer",
+    "KafkaMessage",
+    "PermanentError",
+    "RetriesExhaustedError",
+    "RetryPolicy",
+    "RetryableError",
+    "classify",
+    "consumer_config",
+    "dead_letter_headers",
+]
+
+log = logging.getLogger("cdc.consumer")
+
+Handler = Callable[[psycopg.Connection[Any], Event], None]
+
+# The guarantees rest on these: offsets move only when this module commits them, and records of aborted
+# Kafka transactions are never handed to a handler.
+FIXED_CONSUMER_CONFIG: Final[dict[str, Any]] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "isolation.level": "read_committed",
+}
+
+
+def consumer_config(
+    bootstrap_servers: str, group_id: str, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """librdkafka settings: our defaults, then ``extra``; the guarantees' settings may not be overridden."""
+    extra = dict(extra or {})
+    for key, value in FIXED_CONSUMER_CONFIG.items():
+        if key in extra and str(extra[key]).lower() != str(value).lower():
+            raise ConfigError(
+                f"kafka setting {key!r} must stay {value!r} for the consumer's guarantees", key=key
+            )
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": group_id,
+        "auto.offset.reset": "earliest",  # a new group must not skip what was published before it joined
+        "partition.assignment.strategy": "cooperative-sticky",  # a rebalance stops only the moved partitions
+        "client.id": f"outbox-cdc-consumer-{group_id}",
+    }
+    conf.update(extra)
+    conf.update(FIXED_CONSUMER_CONFIG)
+    return conf
+
+
+class IdempotentConsumer:
+    """Consume ``topics`` with group ``group_id`` (default ``name``) and call ``handler`` once per event.
+
+    ``name`` is the ``consumer`` column of ``processed_events``: keep it stable across deployments of the
+    same service, and distinct between services whose effects differ."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        topics: Sequence[str],
+        handler: Handler,
+        database_url: str,
+        bootstrap_servers: str,
+        deserializer: Callable[[KafkaMessage], Event] | None = None,
+        group_id: str | None = None,
+        dlq_topic: str | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        on_retries_exhausted: Literal["stop", "dead_letter"] = "stop",
+        processed_table: TableRef = DEFAULT_TABLE,
+        shutdown_timeout: float = 30.0,
+        poll_timeout: float = 0.5,
+    ) -> None:
+        if not name or not topics:
+            raise ConfigError("an IdempotentConsumer needs a name and at least one topic", key="consumer")
+        self.name, self.topics, self.handler = name, list(topics), handler
+        self.deserializer = deserializer or EventDeserializer()
+        self.dlq_topic = dlq_topic or f"{name}.dlq"
+        self.retry = retry or RetryPolicy()
+        self.on_retries_exhausted = on_retries_exhausted
+        self.table, self.shutdown_timeout, self.poll_timeout = processed_table, shutdown_timeout, poll_timeout
+        self._database_url = database_url
+        self._conf = consumer_config(bootstrap_servers, group_id or name, kafka_config)
+        poll_interval = float(self._conf.get("max.poll.interval.ms", 300_000)) / 1000
+        if self.retry.worst_case() >= poll_interval / 2:
+            # Retries sleep without polling: past max.poll.interval.ms the group evicts this member mid-retry.
+            raise ConfigError(
+                f"the retry policy may sleep {self.retry.worst_case():g} s per record; keep it under half of "
+                f"max.poll.interval.ms ({poll_interval:g} s)",
+                key="retry",
+            )
+        # The dead-letter producer needs only the connection and security settings of the consumer's config.
+        self._producer_conf = {
+            k: v for k, v in self._conf.items() if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))
+        }
+        self._producer_conf.update({"enable.idempotence": True, "acks": "all", "message.timeout.ms": 30_000})
+        self._stop = threading.Event()
+        self._watchdog: threading.Timer | None = None
+        self._hard_deadline = False
+        self._pending: dict[tuple[str, int], int] = {}  # offsets processed but not yet committed
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self.counts = {"processed": 0, "duplicate": 0, "dead_lettered": 0, "retried": 0}
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """:meth:`run` with SIGTERM/SIGINT handlers; the process exits 1 if stopping overruns the bound."""
+        self._hard_deadline = True
+
+        def stop(signum: int, _frame: object) -> None:
+            log.info("received %s: stopping after the current record", signal.Signals(signum).name)
+            self.request_stop()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+
+    def request_stop(self) -> None:
+        """Stop after the current record (safe from a signal handler or another thread)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._hard_deadline:
+            self._watchdog = threading.Timer(self.shutdown_timeout, self._overdue)
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _overdue(self) -> None:
+        # A handler that hangs must not keep the process (and its partitions) forever; nothing uncommitted is
+        # lost: the server rolls back the open transaction and the group re-reads the record.
+        log.error("consumer %s did not stop within %g s: exiting 1", self.name, self.shutdown_timeout)
+        sys.stderr.flush()
+        os._exit(1)
+
+    def run(self) -> None:
+        """Consume until :meth:`request_stop`; a crash propagates after rolling back (module docstring)."""
+        try:
+            self._open()
+            while not self._stop.is_set():
+                message = self._consumer.poll(self.poll_timeout)
+                if message is None:
+                    continue
+                if (err := message.error()) is not None:
+                    if err.fatal():
+                        raise ConsumerError(f"Kafka consumer failed: {err.str()}")
+                    log.warning("Kafka: %s", err.str())
+                    continue
+                self._process(message)
+        finally:
+            self._close()
+        log.info("consumer %s stopped: %s", self.name, self.counts)
+
+    def _open(self) -> None:
+        try:
+            self._conn = psycopg.connect(self._database_url, autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as exc:
+            raise ConsumerError(f"cannot connect to the service database: {first_line(exc)}") from exc
+        try:
+            self._producer = Producer(self._producer_conf)
+            known = self._producer.list_topics(timeout=10).topics
+        except KafkaException as exc:
+            raise ConsumerError(f"Kafka does not answer: {exc.args[0]}") from exc
+        if self.dlq_topic not in known:
+            raise TopicMissingError(
+                f"the dead-letter topic {self.dlq_topic!r} does not exist: create it first"
+            )
+        self._consumer = Consumer(self._conf)
+        self._consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        log.info("consumer %s subscribed to %s (group %s)", self.name, self.topics, self._conf["group.id"])
+
+    def _close(self) -> None:
+        try:
+            if self._consumer is not None:
+                self._consumer.close()  # revokes everything (committing pending offsets) and leaves the group
+        finally:
+            if self._producer is not None:
+                self._producer.flush(5)
+            if self._conn is not None:
+                self._conn.close()
+
+    # -- one record -------------------------------------------------------------------------------------
+
+    def _process(self, message: Any) -> None:
+        try:
+            event = self.deserializer(message)
+            if not event.id:
+                raise PermanentError(
+                    "the record has no 'id' header: nothing to deduplicate on", reason="no_id"
+                )
+        except (DeserializationError, PermanentError) as exc:
+            self._dead_letter(message, exc)
+            return self._commit(message)
+        attempt = 1
+        while True:
+            try:
+                new = self._apply(event)
+                break
+            except Exception as exc:
+                what = classify(exc)
+                where = f"event {event.id} ({event.event_type}) at {_at(message)}"
+                if what == "crash":
+                    log.error(
+                        "handler failed on %s: %s; rolled back, offset not committed", where, _name(exc)
+                    )
+                    raise
+                if what == "retry" and attempt < self.retry.attempts:
+                    delay = self.retry.delay(attempt)
+                    log.warning("%s: %s, attempt %d; retrying in %.2f s", where, _name(exc), attempt, delay)
+                    self.counts["retried"] += 1
+                    attempt += 1
+                    if self._stop.wait(delay):
+                        log.info("stopping during a retry of %s: left uncommitted, to be read again", where)
+                        return None
+                    continue
+                final: BaseException = exc
+                if what == "retry":
+                    final = RetriesExhaustedError(f"{where}: still failing after {attempt} attempts: {exc}")
+                    if self.on_retries_exhausted == "stop":
+                        log.error("%s: %s; stopping, offset not committed", where, _name(final))
+                        raise final from exc
+                self._dead_letter(message, final, where)
+                return self._commit(message)
+        self.counts["processed" if new else "duplicate"] += 1
+        if not new:
+            log.info("event %s was processed before: acknowledged without calling the handler", event.id)
+        return self._commit(message)
+
+    def _apply(self, event: Event) -> bool:
+        """One transaction: the guard row, and the handler when the row is new. True when it was new."""
+        assert self._conn is not None, "run() opens the connection"
+        with self._conn.transaction():
+            new = mark_processed(self._conn, self.table, event.id, self.name)
+            if new:
+                self.handler(self._conn, event)
+        return new
+
+    def _dead_letter(self, message: Any, exc: BaseException, where: str | None = None) -> None:
+        where = where or f"record at {_at(message)}"
+        log.warning("%s goes to the dead-letter topic %s: %s", where, self.dlq_topic, _name(exc))
+        reports: list[Any] = []
+        _, timestamp = message.timestamp()
+        self._producer.produce(
+            self.dlq_topic,
+            key=message.key(),
+            value=message.value(),
+            headers=dead_letter_headers(message, exc, self.name),
+            timestamp=max(timestamp, 0),
+            on_delivery=lambda err, _msg: reports.append(err),
+        )
+        self._producer.flush(self._producer_conf["message.timeout.ms"] / 1000 + 5)
+        if not reports or reports[0] is not None:
+            # Not dead-lettered, so not acknowledged either: a restart reads the record again.
+            raise ConsumerError(
+                f"cannot write {where} to {self.dlq_topic}: {reports[0] if reports else 'no ack'}"
+            )
+        self.counts["dead_lettered"] += 1
+
+    # -- offsets ----------------------------------------------------------------------------------------
+
+    def _commit(self, message: Any) -> None:
+        self._pending[(message.topic(), message.partition())] = message.offset() + 1
+        self._commit_pending(list(self._pending))
+
+    def _commit_pending(self, keys: list[tuple[str, int]]) -> None:
+        offsets = [TopicPartition(t, p, self._pending[(t, p)]) for t, p in keys if (t, p) in self._pending]
+        if not offsets:
+            return
+        try:
+            done = self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # Safe to leave: the database already holds the guard row, so a redelivery is a duplicate.
+            log.warning("offset commit failed (%s): retried with the next commit", exc.args[0])
+            return
+        for tp in done or offsets:
+            if tp.error is None and self._pending.get((tp.topic, tp.partition)) == tp.offset:
+                del self._pending[(tp.topic, tp.partition)]
+
+    def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
+        log.info("consumer %s assigned %s", self.name, _parts(partitions))
+
+    def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+        # Called inside poll(), so the current record is finished: commit what it left before the move.
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self._commit_pending(keys)
+        for key in keys:
+            self._pending.pop(key, None)
+        log.info("consumer %s revoked %s", self.name, _parts(partitions))
+
+    def _on_lost(self, _consumer: Any, partitions: list[Any]) -> None:
+        # The partitions already belong to another member: a commit would be refused; the guard covers it.
+        for tp in partitions:
+            self._pending.pop((tp.topic, tp.partition), None)
+        log.warning("consumer %s lost %s", self.name, _parts(partitions))
+
+
+def _at(message: Any) -> str:
+    return f"{message.topic()}[{message.partition()}]@{message.offset()}"
+
+
+def _name(exc: BaseException) -> str:
+    return (
+        f"{type(exc).__name__} ({error_reason(exc)})"
+        if classify(exc) == "dead_letter"
+        else type(exc).__name__
+    )
+
+
+def _parts(partitions: list[Any]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"

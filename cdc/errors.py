@@ -30,6 +30,10 @@ CdcError                          exit 1 unless a subclass says otherwise
 ├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
 ├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
 ├── DeserializationError          the consumer side: a value that cannot be decoded to an event
+├── ConsumerError                 cdc.consumer: the consumer cannot go on; a restart re-reads what it left
+│   ├── RetryableError            raised by a handler: transient; rolled back, retried with bounded backoff
+│   ├── PermanentError            raised by a handler: never processable; to the service's dead-letter topic
+│   └── RetriesExhaustedError     a RetryableError outlasted the retry policy: the consumer stops, unacked
 └── CheckpointError               the acknowledgement bookkeeping was asked something impossible
 ```
 """
@@ -41,6 +45,7 @@ __all__ = [
     "CdcError",
     "CheckpointError",
     "ConfigError",
+    "ConsumerError",
     "DeadLetterError",
     "DeliveryError",
     "DeserializationError",
@@ -48,9 +53,12 @@ __all__ = [
     "EventTooLargeError",
     "MalformedEventError",
     "PayloadInvalidError",
+    "PermanentError",
     "ProtocolError",
     "PublicationError",
     "RegistryUnavailableError",
+    "RetriesExhaustedError",
+    "RetryableError",
     "SchemaCompatibilityError",
     "SchemaNotFoundError",
     "SchemaRejectedError",
@@ -190,6 +198,29 @@ class DeadLetterError(CdcError):
 
 class DeserializationError(CdcError):
     pass
+
+
+class ConsumerError(CdcError):
+    """The consumer helper cannot go on. Nothing past the failing record was acknowledged to Kafka."""
+
+
+class RetryableError(ConsumerError):
+    """Raise from a handler for a transient failure (a service that is briefly down, a lock timeout): the
+    transaction is rolled back and the record retried with exponential backoff, a bounded number of times."""
+
+
+class PermanentError(ConsumerError):
+    """Raise from a handler when the event can never be processed (it breaks a business rule, it refers to
+    something that does not exist): the record goes to the service's dead-letter topic with ``reason`` and
+    the message, and the partition moves on. Keep payload values out of the message: it becomes a header."""
+
+    def __init__(self, message: str, *, reason: str = "rejected") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RetriesExhaustedError(ConsumerError):
+    """A RetryableError was still raised after the last attempt the retry policy allows."""
 
 
 class CheckpointError(CdcError):

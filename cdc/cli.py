@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from cdc.compat import MODES
 from cdc.config import Settings, load_settings
 from cdc.errors import CdcError
 from cdc.logs import configure_logging
@@ -301,18 +302,7 @@ def schemas_list(config_file: Path | None, as_json: bool, **flags: Any) -> None:
 @settings_options
 @click.option(
     "--mode",
-    type=click.Choice(
-        [
-            "BACKWARD",
-            "BACKWARD_TRANSITIVE",
-            "FORWARD",
-            "FORWARD_TRANSITIVE",
-            "FULL",
-            "FULL_TRANSITIVE",
-            "NONE",
-        ],
-        case_sensitive=False,
-    ),
+    type=click.Choice(MODES, case_sensitive=False),
     help="Compatibility mode (default: the schema_compatibility setting, BACKWARD).",
 )
 @handles_errors

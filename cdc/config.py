@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from confluent_kafka import KafkaException, Producer
 
+from cdc.compat import MODES
 from cdc.errors import ConfigError
 
 __all__ = [
@@ -48,15 +49,7 @@ _SECRET_KEY_PARTS = ("password", "secret", "sasl.oauthbearer.config", "key.pem",
 _PLACEHOLDERS = ("aggregate_type", "event_type")
 _CHOICES = {
     "value_format": ("single-object", "confluent"),
-    "schema_compatibility": (
-        "BACKWARD",
-        "BACKWARD_TRANSITIVE",
-        "FORWARD",
-        "FORWARD_TRANSITIVE",
-        "FULL",
-        "FULL_TRANSITIVE",
-        "NONE",
-    ),
+    "schema_compatibility": MODES,
     "subject_name_strategy": ("topic_record", "topic", "record"),
     "on_invalid_event": ("dlq", "stop"),
     "log_format": ("text", "json"),

@@ -4,7 +4,6 @@ registry and is tested in tests/integration/test_framing.py)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from cdc.consumer import EventDeserializer
 from cdc.encode import AvroEncoder, SchemaStore
 from cdc.errors import DeserializationError
 from cdc.registry import confluent_header, split_confluent
+from tests.unit.fake_message import Message
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -25,36 +25,6 @@ V1 = {
     "items": [{"sku": "SKU-1", "quantity": 2}],
 }
 V2 = {**V1, "coupon": "WELCOME10"}
-
-
-@dataclass
-class Message:
-    """Shaped like confluent_kafka.Message, for the pure decoding path."""
-
-    _value: bytes | None
-    _headers: list[tuple[str, bytes | None]] = field(default_factory=list)
-    _key: bytes | None = b"o-1"
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return self._headers
-
-    def topic(self) -> str | None:
-        return "outbox.event.order"
-
-    def partition(self) -> int | None:
-        return 2
-
-    def offset(self) -> int | None:
-        return 41
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000)
 
 
 def encoded(version: int, payload: dict[str, Any]) -> bytes:

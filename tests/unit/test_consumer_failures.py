@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 from psycopg import errors as pg_errors
 
 from cdc.consumer import PermanentError, RetriesExhaustedError, RetryableError, RetryPolicy, classify
 from cdc.errors import CdcError, ConfigError, ConsumerError, DeserializationError
 from cdc.failures import dead_letter_headers, error_reason
+from tests.unit.fake_message import Message
 
 
 def test_the_backoff_doubles_up_to_the_cap_and_is_bounded_in_attempts():
@@ -76,39 +75,11 @@ def test_error_reasons():
     assert error_reason(ValueError("x")) == "error"
 
 
-@dataclass
-class Message:
-    """Shaped like confluent_kafka.Message."""
-
-    _headers: list[tuple[str, bytes | None]] = field(
-        default_factory=lambda: [("id", b"e-1"), ("event_type", b"OrderPlaced"), ("traceparent", None)]
-    )
-
-    def value(self) -> bytes | None:
-        return b"\xc3\x01..."
-
-    def key(self) -> bytes | None:
-        return b"o-1"
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return self._headers
-
-    def topic(self) -> str | None:
-        return "outbox.event.order"
-
-    def partition(self) -> int | None:
-        return 2
-
-    def offset(self) -> int | None:
-        return 41
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000)
-
-
 def test_dead_letter_headers_put_the_error_first_and_keep_the_records_own():
     headers = dead_letter_headers(
-        Message(), PermanentError("no such customer", reason="unknown_customer"), "inv"
+        Message(_headers=[("id", b"e-1"), ("event_type", b"OrderPlaced"), ("traceparent", None)]),
+        PermanentError("no such customer", reason="unknown_customer"),
+        "inv",
     )
     assert headers == [
         ("error_class", b"PermanentError"),

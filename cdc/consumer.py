@@ -54,6 +54,7 @@ from cdc.errors import (
     ConsumerError,
     DeserializationError,
     PermanentError,
+    RegistryUnavailableError,
     RetriesExhaustedError,
     RetryableError,
     TopicMissingError,
@@ -256,7 +257,9 @@ class IdempotentConsumer:
 
     def _process(self, message: Any) -> None:
         try:
-            event = self.deserializer(message)
+            event = self._deserialize(message)
+            if event is None:
+                return None  # stopping while the schema registry was down: read again after a restart
             if not event.id:
                 raise PermanentError(
                     "the record has no 'id' header: nothing to deduplicate on", reason="no_id"
@@ -298,6 +301,22 @@ class IdempotentConsumer:
         if not new:
             log.info("event %s was processed before: acknowledged without calling the handler", event.id)
         return self._commit(message)
+
+    def _deserialize(self, message: Any) -> Event | None:
+        """The event; a schema registry that does not answer is waited for within the retry policy (the
+        record is not to blame), then RegistryUnavailableError stops the consumer, offset not committed."""
+        attempt = 1
+        while True:
+            try:
+                return self.deserializer(message)
+            except RegistryUnavailableError as exc:
+                if attempt >= self.retry.attempts:
+                    raise
+                delay = self.retry.delay(attempt)
+                log.warning("%s at %s; attempt %d, retrying in %.2f s", exc, _at(message), attempt, delay)
+                attempt += 1
+                if self._stop.wait(delay):
+                    return None
 
     def _apply(self, event: Event) -> bool:
         """One transaction: the guard row, and the handler when the row is new. True when it was new."""

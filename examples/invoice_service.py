@@ -100,6 +100,11 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
     parser.add_argument("--database-url", default=os.environ.get("INVOICE_DATABASE_URL"))
     parser.add_argument("--bootstrap-servers", default=os.environ.get("CDC_KAFKA_BOOTSTRAP_SERVERS"))
     parser.add_argument("--schemas-dir", default=str(SCHEMAS))
+    parser.add_argument(
+        "--schema-registry-url",
+        default=os.environ.get("CDC_SCHEMA_REGISTRY_URL"),
+        help="for events in the confluent framing (default: CDC_SCHEMA_REGISTRY_URL)",
+    )
     parser.add_argument("--shutdown-timeout", type=float, default=30.0)
     parser.add_argument("--retry-attempts", type=int, default=5, help="attempts per record on RetryableError")
     parser.add_argument("--on-retries-exhausted", choices=["stop", "dead_letter"], default="stop")
@@ -129,7 +134,11 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
             handler=handler or invoice_handler(args.invoices_table),
             database_url=database_url,
             bootstrap_servers=args.bootstrap_servers,
-            deserializer=EventDeserializer(args.schemas_dir, reader_versions={"OrderPlaced": 1}),
+            deserializer=EventDeserializer(
+                args.schemas_dir,
+                schema_registry_url=args.schema_registry_url,
+                reader_versions={"OrderPlaced": 1},
+            ),
             dlq_topic=dlq_topic,
             kafka_config=kafka_config,
             processed_table=processed,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import psycopg
@@ -29,6 +30,7 @@ from psycopg import sql
 
 from cdc.encode import AvroEncoder, SchemaStore
 from cdc.outbox import emit
+from cdc.registry import SchemaRegistry, confluent_header
 from tests.plugins.kafka import create_topic, delete_topics
 from tests.plugins.pipeline import (
     ROOT,
@@ -510,3 +512,27 @@ def test_consumer_setup_and_prune_on_the_service_database(pg_database, unique_na
         assert left() == ["new-a", "new-b", "old-b1"]
     bad = cdc(env, "consumer", "prune", "--processed-table", table, "--older-than", "soon")
     assert bad.returncode == 2 and "is not a duration" in bad.stderr
+
+
+def test_a_registry_outage_makes_the_consumer_wait_not_dead_letter(rig, schema_registry_url, tcp_proxy):
+    """A Confluent-framed record whose schema the consumer must fetch while the registry is down: it waits
+    within the retry policy and processes the record once the registry answers; nothing is dead-lettered."""
+    with SchemaRegistry(schema_registry_url, ENCODER.store) as registry:
+        schema_id = registry.schema_id(rig.topic, "OrderPlaced", 1)
+    order = Order("o-reg")
+    order.value = confluent_header(schema_id) + ENCODER.encode_body(
+        "OrderPlaced", 1, orjson.dumps(order.payload())
+    )
+    rig.produce([order])
+    target = urlsplit(schema_registry_url)
+    proxy = tcp_proxy(target.hostname, target.port)
+    proxy.stop()
+    via_proxy = schema_registry_url.replace(f":{target.port}", f":{proxy.port}", 1)
+    service = rig.start("examples.invoice_service", "--schema-registry-url", via_proxy)
+    service.wait_for_log(r"schema registry .* failed fetching schema id \d+.*; attempt 2, retrying", 60)
+    assert rig.committed() == 0 and rig.invoices_per_order() == {}
+    proxy.start()
+    rig.wait_committed(1)
+    assert rig.invoices_per_order() == {"o-reg": 1}
+    assert topic_size(rig.bootstrap, rig.dlq) == 0, "an outage is not the record's fault"
+    assert service.terminate(30) == 0

@@ -76,6 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=4,
         help="connections of the paced loader, so a slow commit does not hold up the schedule (default 4)",
     )
+    p.add_argument(
+        "--value-format",
+        choices=("single-object", "confluent"),
+        default="single-object",
+        help="the pipeline's framing; confluent uses CDC_SCHEMA_REGISTRY_URL (default single-object)",
+    )
     p.add_argument("--database", default="cdc_bench", help="bench database, dropped and re-created")
     p.add_argument("--output", type=Path, help="JSON file (default bench-results/bench-<timestamp>.json)")
     p.add_argument(
@@ -93,6 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--events must be a positive multiple of --rows-per-txn ({args.rows_per_txn})")
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.value_format == "confluent" and not os.environ.get("CDC_SCHEMA_REGISTRY_URL"):
+        p.error("--value-format confluent needs CDC_SCHEMA_REGISTRY_URL (. .stack/env)")
     return args
 
 
@@ -215,6 +223,7 @@ class Bench:
             "database": a.database,
             "topic": self.topic,
             "profile": a.profile,
+            "value_format": a.value_format,
             "poll_interval_s": POLL_INTERVAL,
         }
         self.prepare()
@@ -296,6 +305,7 @@ class Bench:
             CDC_DLQ_TOPIC=self.dlq_topic,
             CDC_TOPIC_PARTITIONS=str(self.args.partitions),
             CDC_SCHEMAS_DIR=str(ROOT / "schemas"),
+            CDC_VALUE_FORMAT=self.args.value_format,
             CDC_LOG_LEVEL="INFO",  # a handful of lifecycle lines, and the commit-to-ack summary at exit
         )
         return env

@@ -287,7 +287,9 @@ def test_two_processes_racing_through_rebalances_give_one_invoice_per_event(rig)
     as a pipeline restart would. Rebalances and the kill re-deliver records: still one invoice per event."""
     orders = [Order(f"o-{i:03d}") for i in range(300)]
     again = orders[:100:4] + orders[200:260:3]
-    slow = {"FAULT_DELAY_MS": "40"}  # ~25 events/s per member: the membership changes land mid-stream
+    # ~12 events/s per member: the backlog lasts well beyond a new member's start-up (CPU-bound, so slow
+    # on a loaded machine, while this delay is not), and the membership changes land mid-stream.
+    slow = {"FAULT_DELAY_MS": "80"}
     first, second = rig.start(**slow), rig.start(**slow)
     rig.produce(orders[:250] + again)
     first.wait_for_log(r"invoiced order")

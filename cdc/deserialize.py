@@ -23,14 +23,16 @@ import io
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastavro import schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from cdc.encode import MAGIC, SchemaStore
+from cdc.encode import MAGIC, SchemaStore, split_confluent
 from cdc.errors import DeserializationError, SchemaNotFoundError
-from cdc.registry import SchemaRegistry, split_confluent
+
+if TYPE_CHECKING:
+    from cdc.registry import SchemaRegistry
 
 __all__ = ["Event", "EventDeserializer", "KafkaMessage"]
 
@@ -80,6 +82,8 @@ class EventDeserializer:
         self.store = SchemaStore(schemas_dir)
         self._owns_registry = registry is None and schema_registry_url is not None
         if registry is None and schema_registry_url is not None:
+            from cdc.registry import SchemaRegistry  # its HTTP stack only for those who use a registry
+
             registry = SchemaRegistry(schema_registry_url, self.store)
         self.registry = registry
         self.reader_versions = dict(reader_versions or {})

@@ -26,16 +26,18 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cdc.config import Settings
-from cdc.encode import AvroEncoder, SchemaStore
+from cdc.encode import AvroEncoder, SchemaStore, confluent_header
 from cdc.errors import DeadLetterError, EventError, MalformedEventError, SinkError
-from cdc.registry import SchemaRegistry, confluent_header
 from cdc.sink import Headers, KafkaSink, admin_config, kafka_log, producer_config
+
+if TYPE_CHECKING:
+    from cdc.registry import SchemaRegistry
 
 __all__ = ["DeadLetter", "DeadLetterTopic", "Outcome", "ReplayResult", "Scan", "replay"]
 
@@ -305,7 +307,11 @@ class _Replayer:
         self.settings, self.scan, store = settings, scan, SchemaStore(settings.schemas_dir)
         self.encoder = AvroEncoder(store)
         confluent = settings.value_format == "confluent"
-        self.registry = SchemaRegistry.from_settings(settings, store) if confluent else None
+        self.registry: SchemaRegistry | None = None
+        if confluent:
+            from cdc.registry import SchemaRegistry  # its HTTP stack only when the framing needs it
+
+            self.registry = SchemaRegistry.from_settings(settings, store)
 
     def encode(self, record: DeadLetter) -> bytes:
         """The value the pipeline would publish today; an EventError when it still cannot."""

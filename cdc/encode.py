@@ -46,9 +46,20 @@ from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from cdc.errors import PayloadInvalidError, SchemaNotFoundError
 
-__all__ = ["MAGIC", "AvroEncoder", "EncodeFn", "Payload", "SchemaStore", "StoredSchema"]
+__all__ = [
+    "CONFLUENT_MAGIC",
+    "MAGIC",
+    "AvroEncoder",
+    "EncodeFn",
+    "Payload",
+    "SchemaStore",
+    "StoredSchema",
+    "confluent_header",
+    "split_confluent",
+]
 
 MAGIC: Final = b"\xc3\x01"  # the marker of Avro single-object encoding
+CONFLUENT_MAGIC: Final = b"\x00"  # the Confluent wire format: this byte, the 4-byte schema id, the body
 
 EncodeFn = Callable[[Any, bytearray], None]
 Payload = bytes | bytearray | memoryview | str
@@ -136,6 +147,19 @@ class SchemaStore:
             note = f" ({broken} schema files could not be loaded)" if broken else ""
             raise SchemaNotFoundError(f"no schema in {self.schemas_dir} has fingerprint {fp.hex()}{note}")
         return hit.event_type, hit.version
+
+
+def confluent_header(schema_id: int) -> bytes:
+    """The prefix of a Confluent-framed value (ids come from the registry: :mod:`cdc.registry`)."""
+    return CONFLUENT_MAGIC + struct.pack(">I", schema_id)
+
+
+def split_confluent(value: bytes) -> tuple[int, memoryview]:
+    """``(schema id, body)`` of a Confluent-framed value; ValueError when it is not one."""
+    if len(value) < 5 or value[0] != 0:
+        raise ValueError("not Confluent-framed (magic byte 0 + 4-byte schema id)")
+    schema_id: int = struct.unpack_from(">I", value, 1)[0]
+    return schema_id, memoryview(value)[5:]
 
 
 class AvroEncoder:

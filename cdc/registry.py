@@ -23,7 +23,6 @@ an event to the dead-letter topic.
 
 from __future__ import annotations
 
-import struct
 import time
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -37,23 +36,11 @@ from cdc.config import Settings, redact_dsn
 from cdc.encode import SchemaStore, StoredSchema
 from cdc.errors import ConfigError, DeserializationError, RegistryUnavailableError, SchemaRejectedError
 
-__all__ = ["CONFLUENT_MAGIC", "SchemaRegistry", "confluent_header", "split_confluent"]
+__all__ = ["SchemaRegistry"]
 
-CONFLUENT_MAGIC: Final = b"\x00"
 REQUEST_TIMEOUT: Final = 10.0  # seconds; one attempt, retries are the caller's backoff
 REJECTION_TTL: Final = 30.0  # seconds a refusal is remembered: a burst of its events must not each ask again
 _NOT_FOUND: Final = (40401, 40403)  # subject not found, schema not found
-
-
-def confluent_header(schema_id: int) -> bytes:
-    return CONFLUENT_MAGIC + struct.pack(">I", schema_id)
-
-
-def split_confluent(value: bytes) -> tuple[int, memoryview]:
-    """``(schema id, body)`` of a Confluent-framed value; ValueError when it is not one."""
-    if len(value) < 5 or value[0] != 0:
-        raise ValueError("not Confluent-framed (magic byte 0 + 4-byte schema id)")
-    return struct.unpack_from(">I", value, 1)[0], memoryview(value)[5:]
 
 
 class SchemaRegistry:

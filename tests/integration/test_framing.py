@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from cdc.consumer import EventDeserializer
+from cdc.encode import split_confluent
 from cdc.outbox import emit
-from cdc.registry import split_confluent
 from tests.plugins.kafka import Record
 from tests.plugins.pipeline import SCHEMAS_DIR, cdc, order_placed, topic_size, wait_until
 

@@ -28,9 +28,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from cdc.encode import AvroEncoder, SchemaStore
+from cdc.encode import AvroEncoder, SchemaStore, confluent_header
 from cdc.outbox import emit
-from cdc.registry import SchemaRegistry, confluent_header
+from cdc.registry import SchemaRegistry
 from tests.plugins.kafka import create_topic, delete_topics
 from tests.plugins.pipeline import (
     ROOT,

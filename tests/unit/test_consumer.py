@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from cdc.consumer import EventDeserializer
-from cdc.encode import AvroEncoder, SchemaStore
+from cdc.encode import AvroEncoder, SchemaStore, confluent_header, split_confluent
 from cdc.errors import DeserializationError
-from cdc.registry import confluent_header, split_confluent
 from tests.unit.fake_message import Message
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc.encode import SchemaStore
+from cdc.encode import SchemaStore, confluent_header
 from cdc.errors import RegistryUnavailableError
-from cdc.registry import SchemaRegistry, confluent_header
+from cdc.registry import SchemaRegistry
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -538,3 +538,35 @@ def test_a_registry_outage_makes_the_consumer_wait_not_dead_letter(rig, schema_r
     assert rig.invoices_per_order() == {"o-reg": 1}
     assert topic_size(rig.bootstrap, rig.dlq) == 0, "an outage is not the record's fault"
     assert service.terminate(30) == 0
+
+
+def test_records_are_batched_and_a_failure_inside_a_batch_loses_nothing(rig):
+    """Many records per transaction (an fsync per record would cap a service at a few hundred events/s),
+    with a retryable failure, re-published duplicates and a crash in the middle of the stream: one
+    invoice per order, and the records before the crash were committed before the process died."""
+    orders = [Order(f"o-{i:03d}", key="k") for i in range(150)]  # one key: one partition, in this order
+    flaky, crash = Order("flaky-b", key="k"), Order("raise-b", key="k")
+    stream = orders[:60] + [flaky] + orders[60:100] + [orders[10], orders[70], orders[70]] + [crash]
+    stream += orders[100:]
+    rig.produce(stream)
+    service = rig.start()
+    assert service.wait(60) == 1, "the injected crash stops the first process"
+    assert rig.committed() == stream.index(crash), "everything before the crash was committed"
+    restarted = rig.start()
+    rig.wait_committed(len(stream))
+    invoices = rig.invoices_per_order()
+    assert {k: v for k, v in invoices.items() if v != 1} == {}
+    assert len(invoices) == len(orders) + 2
+    with psycopg.connect(rig.dsn) as conn:
+        rows, transactions = conn.execute(
+            sql.SQL("SELECT count(*), count(DISTINCT processed_at) FROM {} WHERE consumer = %s").format(
+                sql.Identifier(rig.processed)
+            ),
+            (rig.name,),
+        ).fetchone()
+    assert rows == len(orders) + 2
+    assert transactions * 5 < rows, f"{rows} events in {transactions} transactions: not batched"
+    log = service.log() + restarted.log()
+    assert "RetryableError, attempt 2; retrying" in log and "attempt 3" not in log
+    assert log.count("was processed before") >= 3
+    assert restarted.terminate(30) == 0

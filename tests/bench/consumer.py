@@ -1,0 +1,153 @@
+"""`python -m tests.bench.consumer`: what exactly-once processing costs a downstream service.
+
+In one run, on the local stack: ``--events`` OrderPlaced records (single-object Avro, as the pipeline writes
+them) are produced to a fresh topic; then, side by side on the same records,
+
+1. a plain consumer that only decodes each record with EventDeserializer (the ceiling), and
+2. IdempotentConsumer with a handler that inserts one invoice row: per record a transaction with the
+   processed_events guard, then a synchronous offset commit,
+
+each timed from its first record to its last. Prints events/s and the ratio; cleans up its topic and tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import threading
+import time
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg import sql
+
+from cdc.config import TableRef
+from cdc.consumer import Event, EventDeserializer, IdempotentConsumer
+from cdc.encode import AvroEncoder, SchemaStore
+from cdc.processed import apply_setup
+from tests.bench.run import ROOT
+from tests.plugins.pipeline import order_placed
+
+SCHEMAS = ROOT / "schemas"
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    encoder = AvroEncoder(SchemaStore(SCHEMAS))
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    for i in range(n):
+        order = f"o-{i}"
+        headers = [
+            ("id", secrets.token_hex(16).encode()),
+            ("event_type", b"OrderPlaced"),
+            ("schema_version", b"1"),
+        ]
+        value = encoder.encode("OrderPlaced", 1, orjson.dumps(order_placed(order)))
+        while True:
+            try:
+                producer.produce(topic, key=f"agg-{i % 500}", value=value, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    assert producer.flush(60) == 0
+
+
+def plain(bootstrap: str, topic: str, n: int) -> float:
+    deserialize = EventDeserializer(SCHEMAS, reader_versions={"OrderPlaced": 1})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-plain-{topic}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    seen, start = 0, 0.0
+    try:
+        while seen < n:
+            message = consumer.poll(1.0)
+            if message is None or message.error():
+                continue
+            start = start or time.perf_counter()
+            deserialize(message)
+            seen += 1
+        return time.perf_counter() - start
+    finally:
+        consumer.close()
+
+
+def idempotent(bootstrap: str, dsn: str, topic: str, n: int, schema: str) -> float:
+    marks: list[float] = []
+    invoices = sql.Identifier(schema, "invoices")
+
+    def handler(conn: psycopg.Connection[Any], event: Event) -> None:
+        if not marks:
+            marks.append(time.perf_counter())
+        conn.execute(
+            sql.SQL("INSERT INTO {} (order_id, amount_cents) VALUES (%s, %s)").format(invoices),
+            (event.payload["order_id"], event.payload["amount_cents"]),
+        )
+
+    consumer = IdempotentConsumer(
+        name=f"bench-{topic}",
+        topics=[topic],
+        handler=handler,
+        database_url=dsn,
+        bootstrap_servers=bootstrap,
+        deserializer=EventDeserializer(SCHEMAS, reader_versions={"OrderPlaced": 1}),
+        processed_table=TableRef(schema=schema, name="processed_events"),
+    )
+
+    def watch() -> None:
+        while consumer.counts["processed"] < n:
+            time.sleep(0.05)
+        marks.append(time.perf_counter())
+        consumer.request_stop()
+
+    threading.Thread(target=watch, daemon=True).start()
+    consumer.run()
+    return marks[-1] - marks[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.consumer", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--events", type=int, default=5000)
+    args = parser.parse_args()
+    bootstrap, dsn = os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"], os.environ["CDC_DATABASE_URL"]
+    run = secrets.token_hex(4)
+    topic, schema = f"bench.consumer.{run}", f"bench_consumer_{run}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    dlq = f"bench-{topic}.dlq"
+    for _name, future in admin.create_topics(
+        [NewTopic(topic, num_partitions=3, replication_factor=1), NewTopic(dlq, num_partitions=1)]
+    ).items():
+        future.result(30)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (order_id text, amount_cents bigint)").format(
+                sql.Identifier(schema, "invoices")
+            )
+        )
+    apply_setup(dsn, TableRef(schema=schema, name="processed_events"))
+    try:
+        produce(bootstrap, topic, args.events)
+        base = plain(bootstrap, topic, args.events)
+        guarded = idempotent(bootstrap, dsn, topic, args.events, schema)
+        print(f"events        {args.events:,} (3 partitions, single-object Avro, ~310 B payloads)")
+        print(f"plain decode  {args.events / base:,.0f} events/s")
+        print(
+            f"idempotent    {args.events / guarded:,.0f} events/s "
+            "(per record: transaction with the guard row, then a synchronous offset commit)"
+        )
+        print(f"ratio         {base / guarded:.2f}")
+    finally:
+        for future in admin.delete_topics([topic, dlq]).values():
+            future.result(30)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+if __name__ == "__main__":
+    main()

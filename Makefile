@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test unit test-integration demo bench stack-up stack-down stack-status clean
+.PHONY: help install lint test unit test-integration demo bench bench-consumer stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ demo: $(STAMP) ## run the pipeline end to end on the local stack (stops the stac
 
 bench: $(STAMP) stack-up ## the end-to-end benchmark; figures go to bench-results/
 	. .stack/env && $(BIN)/python -m tests.bench.run $(BENCH_ARGS)
+
+bench-consumer: $(STAMP) stack-up ## what exactly-once costs a downstream consumer (IdempotentConsumer vs plain)
+	. .stack/env && $(BIN)/python -m tests.bench.consumer $(BENCH_ARGS)
 
 clean: ## stop the stack and remove its state and the venv
 	bash stack/stack.sh clean

@@ -10,9 +10,6 @@ the processed_events guard keeps invoices single (`test_without_the_guard_...` s
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,11 +30,10 @@ from cdc.outbox import emit
 from cdc.registry import SchemaRegistry
 from tests.plugins.kafka import create_topic, delete_topics
 from tests.plugins.pipeline import (
-    ROOT,
     SCHEMAS_DIR,
+    ModuleProcess,
     _env_for,
     _register,
-    _tail,
     cdc,
     order_placed,
     topic_size,
@@ -57,66 +53,6 @@ FAST_GROUP = [
     "topic.metadata.refresh.interval.ms=1000",
 ]
 ENCODER = AvroEncoder(SchemaStore(SCHEMAS_DIR))
-
-
-class Service:
-    """One invoice service subprocess; its log is attached to the report of a failed test."""
-
-    def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in cleanup()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def describe(self) -> str:
-        rc = self.proc.poll()
-        return f"invoice service pid {self.proc.pid} ({'running' if rc is None else f'exit code {rc}'})"
-
-    def tail(self, lines: int = 60) -> str:
-        return _tail(self.log_path, lines)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait_for_log(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
-        regex = re.compile(pattern)
-
-        def seen() -> re.Match[str] | None:
-            match = regex.search(self.log())
-            if match is None and not self.alive():
-                raise AssertionError(f"the service exited before logging {pattern!r}:\n{self.tail()}")
-            return match
-
-        return wait_until(seen, timeout, f"{pattern!r} in {self.log_path.name}")
-
-    def wait(self, timeout: float = 60.0) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the service did not exit within {timeout:g} s:\n{self.tail()}") from None
-
-    def terminate(self, timeout: float = 60.0) -> int:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def kill(self) -> int:
-        if self.alive():
-            self.proc.kill()
-        return self.proc.wait(30)
-
-    def cleanup(self) -> None:
-        self.kill()
-        self._log.close()
 
 
 @dataclass
@@ -147,7 +83,7 @@ class Rig:
     processed: str
     tmp_path: Path
     request: pytest.FixtureRequest
-    services: list[Service] = field(default_factory=list)
+    services: list[ModuleProcess] = field(default_factory=list)
 
     def args(self, topic: str | None = None) -> list[str]:
         return [
@@ -166,7 +102,7 @@ class Rig:
             *FAST_GROUP,
         ]
 
-    def start(self, module: str = FAULTS, *extra: str, topic: str | None = None, **env: str) -> Service:
+    def start(self, module: str = FAULTS, *extra: str, topic: str | None = None, **env: str) -> ModuleProcess:
         environment = _env_for(
             {
                 "INVOICE_DATABASE_URL": self.dsn,
@@ -176,7 +112,7 @@ class Rig:
             }
         )
         log_path = self.tmp_path / f"service-{len(self.services) + 1}.log"
-        service = Service(module, [*self.args(topic), *extra], environment, log_path)
+        service = ModuleProcess([module, *self.args(topic), *extra], environment, log_path, "invoice service")
         self.services.append(service)
         _register(self.request, service)
         return service

@@ -461,15 +461,17 @@ def outbox(
 # -- the pipeline process ------------------------------------------------------------------------------------
 
 
-class PipelineProcess:
-    """One `python -m cdc run` subprocess."""
+class ModuleProcess:
+    """`python -m <module> <args>` as a subprocess of this interpreter, from the repository root, its output
+    in `log_path`; `what` names it in failure messages."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, what: str) -> None:
         self.env = env
         self.log_path = log_path
+        self.what = what
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in cleanup()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc", "run"],
+            [sys.executable, "-m", *argv],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -484,7 +486,7 @@ class PipelineProcess:
 
     def describe(self) -> str:
         rc = self.proc.poll()
-        return f"pipeline pid {self.pid} ({'running' if rc is None else f'exit code {rc}'})"
+        return f"{self.what} pid {self.pid} ({'running' if rc is None else f'exit code {rc}'})"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -506,30 +508,22 @@ class PipelineProcess:
                 return match
             if not self.alive():
                 raise AssertionError(
-                    f"the pipeline exited with code {self.proc.returncode} before logging {pattern!r}:\n"
+                    f"the {self.what} exited with code {self.proc.returncode} before logging {pattern!r}:\n"
                     + self.tail()
                 )
             if time.monotonic() >= deadline:
                 raise AssertionError(
-                    f"the pipeline did not log {pattern!r} within {timeout:g} s:\n" + self.tail()
+                    f"the {self.what} did not log {pattern!r} within {timeout:g} s:\n" + self.tail()
                 )
             time.sleep(0.1)
-
-    def wait_streaming(self, timeout: float = 30.0) -> None:
-        self.wait_for_log(r"streaming from slot", timeout)
-
-    def status(self, key: str) -> int:
-        """A value in kB from /proc/<pid>/status (VmHWM, VmRSS...)."""
-        text = Path(f"/proc/{self.pid}/status").read_text()
-        match = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
-        assert match, f"{key} not in /proc/{self.pid}/status"
-        return int(match.group(1))
 
     def wait(self, timeout: float = 60.0) -> int:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"the pipeline did not exit within {timeout:g} s:\n" + self.tail()) from None
+            raise AssertionError(
+                f"the {self.what} did not exit within {timeout:g} s:\n" + self.tail()
+            ) from None
 
     def terminate(self, timeout: float = 60.0) -> int:
         """SIGTERM, wait for the exit, return the exit code."""
@@ -548,6 +542,23 @@ class PipelineProcess:
             self.proc.kill()
             self.proc.wait(30)
         self._log.close()
+
+
+class PipelineProcess(ModuleProcess):
+    """One `python -m cdc run` subprocess."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        super().__init__(["cdc", "run"], env, log_path, "pipeline")
+
+    def wait_streaming(self, timeout: float = 30.0) -> None:
+        self.wait_for_log(r"streaming from slot", timeout)
+
+    def status(self, key: str) -> int:
+        """A value in kB from /proc/<pid>/status (VmHWM, VmRSS...)."""
+        text = Path(f"/proc/{self.pid}/status").read_text()
+        match = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
+        assert match, f"{key} not in /proc/{self.pid}/status"
+        return int(match.group(1))
 
 
 @pytest.fixture

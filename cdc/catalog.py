@@ -9,23 +9,20 @@ in the versions, and every pair of versions that breaks the configured compatibi
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from cdc.compat import InvalidSchemaError, VersionGapError, check_versions
 from cdc.config import Settings
-from cdc.encode import AvroEncoder, SchemaStore
+from cdc.encode import SCHEMA_FILE, AvroEncoder, SchemaStore
 from cdc.errors import ConfigError, EventError
 from cdc.registry import SchemaRegistry
 
 __all__ = ["CheckReport", "Registered", "SchemaInfo", "check_schemas", "list_schemas", "register_schemas"]
-
-_FILE: Final = re.compile(r"v([1-9][0-9]*)\.avsc\Z")
 
 
 @dataclass(frozen=True)
@@ -88,7 +85,7 @@ def check_schemas(schemas_dir: str | os.PathLike[str], mode: str) -> CheckReport
     for entry in sorted(root.iterdir()):
         if entry.is_dir():
             for path in sorted(entry.iterdir()):
-                if not _FILE.match(path.name):
+                if not SCHEMA_FILE.match(path.name):
                     report.problems.append(
                         f"{entry.name}/{path.name} is not named v<N>.avsc (N from 1, no leading zeros): "
                         "the pipeline ignores it"

@@ -49,6 +49,7 @@ from cdc.errors import PayloadInvalidError, SchemaNotFoundError
 __all__ = [
     "CONFLUENT_MAGIC",
     "MAGIC",
+    "SCHEMA_FILE",
     "AvroEncoder",
     "EncodeFn",
     "Payload",
@@ -64,7 +65,7 @@ CONFLUENT_MAGIC: Final = b"\x00"  # the Confluent wire format: this byte, the 4-
 EncodeFn = Callable[[Any, bytearray], None]
 Payload = bytes | bytearray | memoryview | str
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_FILE: Final = re.compile(r"v[1-9][0-9]*\.avsc\Z")
+SCHEMA_FILE: Final = re.compile(r"v[1-9][0-9]*\.avsc\Z")  # v<N>.avsc, N from 1, no leading zeros
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class SchemaStore:
         return sorted(
             (f.parent.name, int(f.stem[1:]))
             for f in self.schemas_dir.glob("*/v*.avsc")
-            if _NAME.match(f.parent.name) and _FILE.match(f.name) and f.is_file()
+            if _NAME.match(f.parent.name) and SCHEMA_FILE.match(f.name) and f.is_file()
         )
 
     def by_fingerprint(self, fp: bytes) -> tuple[str, int]:

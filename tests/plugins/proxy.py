@@ -23,6 +23,10 @@ class TcpProxy:
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
 
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
+
     def start(self) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

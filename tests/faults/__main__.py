@@ -1,0 +1,5 @@
+import sys
+
+from tests.faults.run import main
+
+sys.exit(main())

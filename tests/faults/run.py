@@ -1,0 +1,533 @@
+"""`make faults`: the pipeline under a seeded schedule of faults, then a count of what Kafka holds.
+
+    python -m tests.faults [--seed N] [--duration 170] [--runs 1] [--big-rows 1000000] [--sabotage]
+
+One run: a fresh broker on the fault stack (`tests/faults/stack.py`), a private outbox (table, publication,
+slot, topics), `cdc run` under a supervisor that restarts it whenever it exits, the load of
+`tests/faults/load.py`, and the faults of `tests/faults/schedule.py` at their times. After ``duration``: the
+faults stop, the load stops, the pipeline must catch up (the slot confirmed past the last commit), SIGTERM
+must end it with exit 0, every topic is read back and decoded, and a second `cdc run` must publish nothing.
+Then one figure line; the last line printed is the figure line of the run (or of all runs). Exit 1 on any
+violation, 2 when the harness itself could not run.
+
+``--sabotage`` advances the slot behind the pipeline's back in the middle of the run: the suite must then
+report missing events and exit 1 (the proof that it can fail).
+
+A passing run's directory under ``faults-results/`` is removed unless ``--keep``; a failing one is kept: the
+schedule, what each fault did, and every pipeline start's log (at DEBUG, one line per acknowledged delivery
+with event id, topic, partition and offset: grep an event id to see where it went).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from cdc import setup as cdc_setup
+from cdc.config import load_settings
+from cdc.consumer import EventDeserializer
+from cdc.errors import format_lsn, parse_lsn
+from tests.faults.check import Verdict, analyze
+from tests.faults.load import AGGREGATE_TYPES, Load
+from tests.faults.readback import read_dead_letters, read_events, watermarks
+from tests.faults.schedule import MIN_PIPELINE_KILLS, Fault, counts, make_schedule
+from tests.faults.stack import ROOT, FaultStack
+from tests.faults.supervisor import Supervisor
+from tests.plugins.proxy import TcpProxy
+
+log = logging.getLogger("faults")
+
+SCHEMAS = ROOT / "tests" / "faults" / "schemas"
+RESULTS = ROOT / "faults-results"
+
+
+@dataclass
+class Run:
+    seed: int
+    tag: str
+    dir: Path
+    dsn: str
+    bootstrap: str
+    registry_url: str
+    table: str
+    slot: str
+    topics: list[str]
+    dlq: str
+    env: dict[str, str]
+    done: list[str] = field(default_factory=list)  # what each fault did, with its time
+
+    def note(self, t0: float, text: str) -> None:
+        line = f"t+{time.monotonic() - t0:6.1f} s {text}"
+        self.done.append(line)
+        log.info("%s", line)
+
+
+# -- setting up a run ---------------------------------------------------------------------------------------
+
+
+def prepare(stack: FaultStack, seed: int, args: argparse.Namespace) -> Run:
+    if broker_mode(seed, args) == "fresh":
+        stack.fresh_kafka()
+    else:
+        stack.restart_kafka()
+    senv = stack.env()
+    tag = f"faults_{seed}_{int(time.time()) % 100_000_000}"
+    run_dir = RESULTS / tag
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dsn = senv["CDC_DATABASE_URL"]
+    _drop_leftovers(dsn)
+    template = tag + ".{aggregate_type}"
+    overrides = {
+        "database_url": dsn,
+        "kafka.bootstrap_servers": senv["CDC_KAFKA_BOOTSTRAP_SERVERS"],
+        "slot": tag,
+        "publication": tag,
+        "table": f"public.{tag}",
+        "topic_template": template,
+        "dlq_topic": f"{tag}.dlq",
+        "schemas_dir": str(SCHEMAS),
+    }
+    settings = load_settings(config_file=None, environ={}, overrides=overrides)
+    cdc_setup.apply(settings)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "CDC_DATABASE_URL": dsn,
+            "CDC_KAFKA_BOOTSTRAP_SERVERS": senv["CDC_KAFKA_BOOTSTRAP_SERVERS"],
+            "CDC_SLOT": tag,
+            "CDC_PUBLICATION": tag,
+            "CDC_TABLE": f"public.{tag}",
+            "CDC_TOPIC_TEMPLATE": template,
+            "CDC_DLQ_TOPIC": f"{tag}.dlq",
+            "CDC_SCHEMAS_DIR": str(SCHEMAS),
+            "CDC_VALUE_FORMAT": value_format(seed, args),
+            "CDC_STATUS_INTERVAL": "1",
+            "CDC_BACKOFF_MAX": "2",
+            "CDC_LOG_LEVEL": args.log_level,
+        }
+    )
+    return Run(
+        seed=seed,
+        tag=tag,
+        dir=run_dir,
+        dsn=dsn,
+        bootstrap=senv["CDC_KAFKA_BOOTSTRAP_SERVERS"],
+        registry_url=senv["CDC_SCHEMA_REGISTRY_URL"],
+        table=tag,
+        slot=tag,
+        topics=[template.format(aggregate_type=t) for t in AGGREGATE_TYPES],
+        dlq=f"{tag}.dlq",
+        env=env,
+    )
+
+
+def broker_mode(seed: int, args: argparse.Namespace) -> str:
+    """How the run's broker starts: on wiped storage (``fresh``) or on the storage of the runs before it,
+    kill -9s included (``restart``); ``auto`` takes turns every two seeds. Either way it has just started, as
+    after a `make stack-up`, and is loading its coordinators when the pipeline's producer first asks."""
+    if args.broker != "auto":
+        return str(args.broker)
+    return "fresh" if seed // 2 % 2 == 0 else "restart"
+
+
+def value_format(seed: int, args: argparse.Namespace) -> str:
+    """``auto``: odd seeds single-object (no registry on the path), even ones confluent (registry outages)."""
+    if args.value_format != "auto":
+        return str(args.value_format)
+    return "confluent" if seed % 2 == 0 else "single-object"
+
+
+def _drop_leftovers(dsn: str) -> None:
+    """Slots, publications and tables of earlier runs (kept when they failed) would pin WAL for ever."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for (slot,) in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'faults\\_%' AND NOT active"
+        ).fetchall():
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            conn.execute(
+                psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(psycopg.sql.Identifier(slot))
+            )
+            conn.execute(psycopg.sql.SQL("DROP TABLE IF EXISTS {}").format(psycopg.sql.Identifier(slot)))
+
+
+# -- the faults ---------------------------------------------------------------------------------------------
+
+
+class Faults:
+    """Carries out the schedule: each fault at its time; outages in threads of their own, so that the
+    pipeline kills keep their times during an outage."""
+
+    def __init__(
+        self,
+        run: Run,
+        schedule: list[Fault],
+        stack: FaultStack,
+        supervisor: Supervisor,
+        proxy: TcpProxy,
+        load: Load,
+        big_rows: int,
+    ) -> None:
+        self.run, self.schedule, self.stack = run, schedule, stack
+        self.supervisor, self.proxy, self.load, self.big_rows = supervisor, proxy, load, big_rows
+        self.done: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self.t0 = 0.0
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        thread = threading.Thread(target=self._run, name="faults", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in list(self._threads):
+            thread.join(timeout=600)
+
+    def _run(self) -> None:
+        for fault in self.schedule:
+            if self._stop.wait(max(0.0, self.t0 + fault.at - time.monotonic())):
+                return
+            if fault.kind in ("kill_broker", "registry_down", "restart_postgres", "big_transaction"):
+                thread = threading.Thread(target=self._do, args=(fault,), name=fault.kind, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            else:
+                self._do(fault)
+
+    def _do(self, fault: Fault) -> None:
+        try:
+            getattr(self, fault.kind)(fault)
+            self.done[fault.kind] = self.done.get(fault.kind, 0) + 1
+        except Exception as exc:  # a fault that could not be done is a harness error, reported at the end
+            self.errors.append(f"{fault.describe()}: {type(exc).__name__}: {exc}")
+            self.run.note(self.t0, f"{fault.kind} FAILED: {exc}")
+
+    def kill_pipeline(self, fault: Fault) -> None:
+        deadline = time.monotonic() + 10
+        while not self.supervisor.kill(fault.hold):  # between two starts: wait for the next one
+            if time.monotonic() > deadline or self._stop.is_set():
+                raise RuntimeError("no pipeline to kill for 10 s")
+            time.sleep(0.2)
+        self.run.note(self.t0, f"kill -9 cdc run (restart in {fault.hold:.1f} s)")
+
+    def kill_broker(self, fault: Fault) -> None:
+        self.stack.kill_broker()
+        self.run.note(self.t0, f"kill -9 kafka (down {fault.hold:.1f} s)")
+        time.sleep(fault.hold)
+        self.stack.up()
+        self.run.note(self.t0, "kafka restarted by stack.sh up")
+
+    def restart_postgres(self, fault: Fault) -> None:
+        self.run.note(self.t0, "pg_ctl restart -m immediate")
+        self.stack.restart_postgres()
+        self.run.note(self.t0, "postgres is back")
+
+    def kill_walsender(self, fault: Fault) -> None:
+        with psycopg.connect(self.run.dsn, autocommit=True, connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (self.run.slot,),
+            ).fetchall()
+        self.run.note(self.t0, f"pg_terminate_backend of the walsender ({'done' if rows else 'none active'})")
+
+    def registry_down(self, fault: Fault) -> None:
+        self.proxy.stop()
+        self.run.note(self.t0, f"schema registry unreachable for {fault.hold:.1f} s")
+        time.sleep(fault.hold)
+        self.proxy.start()
+        self.run.note(self.t0, "schema registry reachable again")
+
+    def big_transaction(self, fault: Fault) -> None:
+        self.run.note(self.t0, f"big transaction of {self.big_rows} rows begins")
+        self.load.big_transaction(self.big_rows, f"{self.run.tag}-big")
+        self.run.note(self.t0, f"big transaction: {'; '.join(self.load.stats.big)}")
+
+    def advance_slot(self, fault: Fault) -> None:
+        self.supervisor.pause()
+        try:
+            deadline = time.monotonic() + 30
+            with psycopg.connect(self.run.dsn, autocommit=True, connect_timeout=5) as conn:
+                while True:
+                    try:
+                        row = conn.execute(
+                            "SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())::text",
+                            (self.run.slot,),
+                        ).fetchone()
+                        break
+                    except psycopg.errors.ObjectInUse:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.2)
+            self.run.note(self.t0, f"SABOTAGE: slot advanced behind the pipeline's back to {row}")
+        finally:
+            self.supervisor.resume()
+
+
+# -- the end of a run ---------------------------------------------------------------------------------------
+
+
+def _slot_confirmed(dsn: str, slot: str) -> int:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+    return parse_lsn(row[0]) if row and row[0] else 0
+
+
+def _current_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(row[0])
+
+
+def _wait_confirmed(run: Run, target: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if _slot_confirmed(run.dsn, run.slot) >= target:
+                return True
+        except psycopg.Error:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def second_run(run: Run) -> tuple[bool, str]:
+    """A new `cdc run` on the caught-up slot must publish nothing and stop cleanly."""
+    topics = [*run.topics, run.dlq]
+    before = {t: watermarks(run.bootstrap, t) for t in topics}
+    log_path = run.dir / "second-run.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc", "run"],
+            cwd=ROOT,
+            env=run.env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while "resuming after confirmed LSN" not in log_path.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            return False, f"did not start streaming (exit {proc.wait()})"
+        time.sleep(0.2)
+    time.sleep(5)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=90)
+    after = {t: watermarks(run.bootstrap, t) for t in topics}
+    match = re.search(r"stopped: (\d+) events published", log_path.read_text(errors="replace"))
+    published = int(match.group(1)) if match else -1
+    grew = [t for t in topics if after[t] != before[t]]
+    ok = code == 0 and published == 0 and not grew
+    return ok, f"exit {code}, {published} published, topics grown: {grew or 'none'}"
+
+
+def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[bool, str]:
+    started = time.monotonic()
+    run = prepare(stack, seed, args)
+    schedule = make_schedule(
+        seed,
+        args.duration,
+        registry=value_format(seed, args) == "confluent",
+        big_rows=args.big_rows,
+        sabotage=args.sabotage,
+    )
+    (run.dir / "schedule.txt").write_text("".join(f.describe() + "\n" for f in schedule))
+    registry_port = int(run.registry_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    proxy = TcpProxy(("127.0.0.1", registry_port))
+    proxy.start()
+    run.env["CDC_SCHEMA_REGISTRY_URL"] = re.sub(r":\d+/", f":{proxy.port}/", run.registry_url, count=1)
+    log.info("run %s: seed %d, %d faults, logs in %s", run.tag, seed, len(schedule), run.dir)
+
+    supervisor = Supervisor(run.env, run.dir)
+    load = Load(run.dsn, run.table, seed=seed, rate=args.rate)
+    faults = Faults(run, schedule, stack, supervisor, proxy, load, args.big_rows)
+    supervisor.start()
+    # The load begins 0-4 s after the pipeline: its first events meet a producer that is still acquiring
+    # its producer id from a broker that is loading its coordinators, or one that has had it for a while.
+    time.sleep(random.Random(seed).uniform(0, 4))
+    t0 = time.monotonic()
+    load.start()
+    faults.start(t0)
+    time.sleep(max(0.0, t0 + args.duration - time.monotonic()))
+    run.note(t0, "end of the fault window: faults stop, then the load")
+    faults.stop()
+    load.stop()
+    stack.up()  # whatever an overrunning fault left down comes back
+    if not proxy.listening:
+        proxy.start()
+    supervisor.resume()
+    load.resolve_all()
+    target = _current_lsn(run.dsn)
+    catch_up = 300 + args.big_rows / 5_000
+    caught_up = _wait_confirmed(run, target, catch_up)
+    run.note(t0, f"slot {'confirmed past' if caught_up else 'NOT confirmed past'} {format_lsn(target)}")
+    code = supervisor.stop()
+    run.note(t0, f"SIGTERM: exit {code}")
+    proxy.stop()
+
+    deserializer = EventDeserializer(SCHEMAS, schema_registry_url=run.registry_url)
+    try:
+        records = [seen for topic in run.topics for seen in read_events(run.bootstrap, topic, deserializer)]
+    finally:
+        deserializer.close()
+    dead = read_dead_letters(run.bootstrap, run.dlq)
+    second_ok, second_text = second_run(run)
+    run.note(t0, f"second cdc run: {second_text}")
+
+    verdict = analyze(load.ledger, records, dead)
+    with psycopg.connect(run.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            psycopg.sql.SQL("SELECT count(*) FROM {}").format(psycopg.sql.Identifier(run.table))
+        )
+        in_table = row.fetchone()[0]  # type: ignore[index]
+    verdict.facts = {
+        "sigterm_exit_0": code == 0,
+        "slot_confirmed_past_last_event": caught_up,
+        "second_run_publishes_nothing": second_ok,
+        f"pipeline_kills>={MIN_PIPELINE_KILLS}": supervisor.kills >= MIN_PIPELINE_KILLS,
+        "ledger_matches_table": in_table == verdict.committed,
+        "every_fault_done": not faults.errors,
+    }
+    line = figure_line(run, verdict, faults, supervisor, schedule, args, time.monotonic() - started)
+    violations = verdict.violations()
+    (run.dir / "faults.log").write_text("\n".join([*run.done, *faults.errors, *violations, line]) + "\n")
+    (run.dir / "verdict.json").write_text(
+        json.dumps(
+            {"missing": verdict.missing, "order": verdict.order_violations, "violations": violations},
+            indent=1,
+        )
+    )
+    for exit_ in supervisor.unexpected_exits():
+        log.info("unexpected exit of start %d: code %d after %.1f s", exit_.start, exit_.code, exit_.lived)
+    if violations:
+        for text in violations:
+            log.error("VIOLATION: %s", text)
+        log.error("run kept in %s", run.dir)
+    else:
+        _cleanup(run, keep=args.keep)
+    return not violations, line
+
+
+def figure_line(
+    run: Run,
+    v: Verdict,
+    faults: Faults,
+    supervisor: Supervisor,
+    schedule: list[Fault],
+    args: argparse.Namespace,
+    elapsed: float,
+) -> str:
+    planned = counts(schedule)
+    done = faults.done
+    return (
+        f"faults: seed={run.seed} result={'FAIL' if v.violations() else 'PASS'} missing={len(v.missing)} "
+        f"broker={broker_mode(run.seed, args)} format={value_format(run.seed, args)} "
+        f"duplicates={v.duplicates} committed={v.committed} rolled_back={v.rolled_back} records={v.records} "
+        f"rolled_back_seen={len(v.rolled_back_seen)} order={len(v.order_violations)} "
+        f"split_keys={len(v.split_keys)} dead_letters={v.dead_letters} "
+        f"kills={supervisor.kills} broker_kills={done.get('kill_broker', 0)} "
+        f"pg_restarts={done.get('restart_postgres', 0)} walsender_kills={done.get('kill_walsender', 0)} "
+        f"registry_outages={done.get('registry_down', 0)}/{planned.get('registry_down', 0)} "
+        f"big_rows={args.big_rows if done.get('big_transaction') else 0} "
+        f"unexpected_exits={len(supervisor.unexpected_exits())} "
+        f"duration={args.duration:g}s elapsed={elapsed:.0f}s"
+    )
+
+
+def _cleanup(run: Run, *, keep: bool) -> None:
+    with psycopg.connect(run.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (run.slot,))
+        conn.execute(
+            psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(psycopg.sql.Identifier(run.slot))
+        )
+        conn.execute(psycopg.sql.SQL("DROP TABLE IF EXISTS {}").format(psycopg.sql.Identifier(run.table)))
+    if not keep:
+        shutil.rmtree(run.dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make faults", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, help="replays a schedule (default: a random one, printed)")
+    parser.add_argument("--duration", type=float, default=170, help="seconds of load and faults per run")
+    parser.add_argument("--runs", type=int, default=1, help="runs in a row, seeds seed, seed+1, ...")
+    parser.add_argument(
+        "--big-rows", type=int, default=1_000_000, help="rows of the big transaction (0: none)"
+    )
+    parser.add_argument("--rate", type=float, default=20, help="load transactions per second")
+    parser.add_argument(
+        "--value-format",
+        choices=("auto", "confluent", "single-object"),
+        default="auto",
+        help="auto: single-object for odd seeds, confluent (with a registry outage) for even ones",
+    )
+    parser.add_argument(
+        "--log-level", default="DEBUG", help="cdc run's log level (DEBUG: a line per delivery)"
+    )
+    parser.add_argument("--sabotage", action="store_true", help="advance the slot behind the pipeline's back")
+    parser.add_argument(
+        "--broker",
+        choices=("auto", "fresh", "restart"),
+        default="auto",
+        help="start each run's broker on wiped storage, or restart it on the storage of earlier runs",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the logs of passing runs too")
+    parser.add_argument("--keep-stack", action="store_true", help="leave the fault stack running at the end")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    print(f"faults: seed {seed}, {args.runs} run(s) of {args.duration:g} s", flush=True)
+    stack = FaultStack()
+    lines, passed = [], 0
+    try:
+        try:
+            stack.up()
+        except RuntimeError as exc:
+            print(f"faults: the fault stack did not start: {exc}", file=sys.stderr)
+            return 2
+        for i in range(args.runs):
+            ok, line = one_run(stack, seed + i, args)
+            passed += ok
+            lines.append(line)
+            print(line, flush=True)
+    finally:
+        if not args.keep_stack:
+            try:
+                stack.down()
+            except RuntimeError as exc:
+                print(f"faults: {exc}", file=sys.stderr)
+    if args.runs > 1:
+        missing = sum(int(re.search(r"missing=(\d+)", line).group(1)) for line in lines)  # type: ignore[union-attr]
+        print(
+            f"faults: {passed} of {args.runs} runs passed, seeds {seed}..{seed + args.runs - 1}, "
+            f"missing={missing} in all",
+            flush=True,
+        )
+    return 0 if passed == args.runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The fault schedule of one run: which fault, when, for how long; a pure function of the seed.
+
+A seed replays the same schedule (the same faults at the same offsets from the start of the load, with the
+same hold times); what the machine makes of them differs from run to run, which is why a failing seed is
+worth running again, and why the suite is run many times.
+
+Faults, for a run of ``duration`` seconds:
+
+- ``kill_pipeline``: ``kill -9`` of ``cdc run``; the supervisor restarts it after ``hold`` (0-3 s). At least
+  12, about one every 13 s, and one inside the registry outage (so a restart has to wait for the registry).
+- ``kill_broker``: ``kill -9`` of the Kafka broker, down ``hold`` (20-25 s), then restarted by the stack
+  script.
+- ``restart_postgres``: ``pg_ctl restart -m immediate`` (a crash and recovery, as far as clients can tell).
+- ``kill_walsender``: ``pg_terminate_backend`` of the slot's walsender, twice.
+- ``registry_down``: the schema registry unreachable for ``hold`` (15-25 s) when the framing is confluent.
+- ``big_transaction``: one transaction of ``big_rows`` rows, committed while the rest goes on.
+- ``advance_slot`` (only with ``sabotage``): the pipeline is stopped, the slot is advanced to the current
+  WAL position behind its back, and the pipeline restarted: the suite must then report missing events.
+
+The infrastructure faults (broker, PostgreSQL, walsender, registry) never overlap one another, so each one's
+effect can be told apart in the logs; pipeline kills fall anywhere, outages included.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+MIN_PIPELINE_KILLS = 12
+MIN_DURATION = 120
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    at: float  # seconds after the load started
+    kind: str
+    hold: float = 0.0  # how long the fault lasts (outages), or the restart delay (pipeline kills)
+
+    def describe(self) -> str:
+        hold = f" for {self.hold:.1f} s" if self.hold else ""
+        return f"t+{self.at:6.1f} s {self.kind}{hold}"
+
+
+def make_schedule(
+    seed: int, duration: float, *, registry: bool = True, big_rows: int = 0, sabotage: bool = False
+) -> list[Fault]:
+    """The faults of one run, in time order."""
+    if duration < MIN_DURATION:
+        raise ValueError(f"a fault run needs at least {MIN_DURATION} s to fit its outages one after another")
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+
+    # Infrastructure outages in disjoint windows, in a random order, leaving the last 15 s quiet so that the
+    # pipeline's last restart meets a healthy stack.
+    outages = [("kill_broker", rng.uniform(20, 25)), ("restart_postgres", 0.0)]
+    outages += [("kill_walsender", 0.0), ("kill_walsender", 0.0)]
+    if registry:
+        outages.append(("registry_down", rng.uniform(15, 25)))
+    rng.shuffle(outages)
+    start, end = 8.0, duration - 15.0
+    busy = sum(hold + 6 for _, hold in outages)  # 6 s of calm after each before the next may come
+    slack = max(0.0, (end - start) - busy)
+    # Cut the slack at random points: the outages keep their order, the gaps between them vary.
+    cuts = sorted(rng.uniform(0, slack) for _ in outages)
+    at = start
+    previous_cut = 0.0
+    registry_window: tuple[float, float] | None = None
+    for (kind, hold), cut in zip(outages, cuts, strict=True):
+        at += cut - previous_cut
+        previous_cut = cut
+        faults.append(Fault(round(at, 2), kind, round(hold, 2)))
+        if kind == "registry_down":
+            registry_window = (at, at + hold)
+        at += hold + 6
+
+    kills = max(MIN_PIPELINE_KILLS, round(duration / 13))
+    # One kill somewhere in each of ``kills`` equal slots: spread over the run, never two in a row.
+    first, last = 4.0, duration - 10
+    slot = (last - first) / kills
+    times = [first + i * slot + rng.uniform(0.15, 0.85) * slot for i in range(kills)]
+    if registry_window is not None:
+        lo, hi = registry_window
+        times.append(rng.uniform(lo + 2, max(lo + 2.5, hi - 4)))
+    faults += [Fault(round(t, 2), "kill_pipeline", round(rng.uniform(0, 3), 2)) for t in times]
+
+    if big_rows:
+        faults.append(Fault(round(rng.uniform(0.1, 0.4) * duration, 2), "big_transaction"))
+    if sabotage:
+        faults.append(Fault(round(rng.uniform(0.3, 0.6) * duration, 2), "advance_slot"))
+    return sorted(faults, key=lambda f: (f.at, f.kind))
+
+
+def counts(faults: list[Fault]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for fault in faults:
+        out[fault.kind] = out.get(fault.kind, 0) + 1
+    return out

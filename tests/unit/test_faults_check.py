@@ -1,0 +1,114 @@
+"""The fault suite's own judge and schedule: a verdict that misses a loss would make every run a pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.faults.check import Ledger, Seen, analyze
+from tests.faults.schedule import MIN_DURATION, MIN_PIPELINE_KILLS, counts, make_schedule
+
+
+def ledger(*events: tuple[str, str, int], rolled_back: tuple[str, ...] = ()) -> Ledger:
+    return Ledger(committed={i: (a, s) for i, a, s in events}, rolled_back=set(rolled_back))
+
+
+def seen(id_: str, aggregate: str, seq: int, offset: int, partition: int = 0, topic: str = "t") -> Seen:
+    return Seen(topic, partition, offset, aggregate, id_, aggregate, seq)
+
+
+def test_everything_once_and_in_order_is_clean():
+    book = ledger(("e1", "a", 1), ("e2", "a", 2), ("e3", "b", 1))
+    verdict = analyze(
+        book, [seen("e1", "a", 1, 0), seen("e3", "b", 1, 0, partition=1), seen("e2", "a", 2, 1)]
+    )
+    assert verdict.violations() == []
+    assert (verdict.records, verdict.distinct, verdict.duplicates) == (3, 3, 0)
+
+
+def test_a_committed_event_that_never_arrived_is_missing():
+    verdict = analyze(ledger(("e1", "a", 1), ("e2", "a", 2)), [seen("e2", "a", 2, 0)])
+    assert verdict.missing == ["e1"]
+    assert verdict.violations()[0].startswith("missing=1")
+
+
+def test_duplicates_are_counted_not_failed_and_only_first_copies_are_ordered():
+    book = ledger(("e1", "a", 1), ("e2", "a", 2))
+    # e1 e2 e1 e2: a replay after a restart; the first copies are in order.
+    records = [seen("e1", "a", 1, 0), seen("e2", "a", 2, 1), seen("e1", "a", 1, 2), seen("e2", "a", 2, 3)]
+    verdict = analyze(book, records)
+    assert verdict.violations() == []
+    assert verdict.duplicates == 2
+
+
+def test_first_copies_out_of_commit_order_are_an_order_violation():
+    book = ledger(("e1", "a", 1), ("e2", "a", 2))
+    verdict = analyze(book, [seen("e2", "a", 2, 0), seen("e1", "a", 1, 1)])
+    assert len(verdict.order_violations) == 1
+    assert "seq 1 after seq 2" in verdict.order_violations[0]
+
+
+def test_records_are_ordered_by_offset_whatever_order_they_are_handed_in():
+    book = ledger(("e1", "a", 1), ("e2", "a", 2))
+    assert analyze(book, [seen("e2", "a", 2, 1), seen("e1", "a", 1, 0)]).violations() == []
+
+
+def test_rolled_back_and_unknown_ids_are_violations():
+    book = ledger(("e1", "a", 1), rolled_back=("r1",))
+    verdict = analyze(book, [seen("e1", "a", 1, 0), seen("r1", "a", 5, 1), seen("x9", "a", 6, 2)])
+    assert verdict.rolled_back_seen == ["r1"]
+    assert verdict.unknown == ["x9"]
+
+
+def test_a_key_on_two_partitions_is_a_violation():
+    book = ledger(("e1", "a", 1), ("e2", "a", 2))
+    verdict = analyze(book, [seen("e1", "a", 1, 0, partition=0), seen("e2", "a", 2, 0, partition=1)])
+    assert verdict.split_keys == ["t/a on partitions [0, 1]"]
+
+
+def test_a_payload_that_does_not_match_its_ledger_entry_is_a_violation():
+    verdict = analyze(ledger(("e1", "a", 1)), [seen("e1", "a", 7, 0)])
+    assert verdict.mismatched and verdict.violations()
+
+
+def test_dead_letters_count_as_arrived_but_are_reported():
+    verdict = analyze(ledger(("e1", "a", 1)), [], [Seen("dlq", 0, 0, None, "e1")])
+    assert verdict.missing == []
+    assert verdict.dead_letters == 1
+    assert any(v.startswith("dead_letters=1") for v in verdict.violations())
+
+
+def test_a_failed_fact_is_a_violation():
+    verdict = analyze(ledger(), [])
+    verdict.facts = {"sigterm_exit_0": False, "second_run_publishes_nothing": True}
+    assert verdict.violations() == ["sigterm_exit_0 failed"]
+
+
+@pytest.mark.parametrize("duration", [MIN_DURATION, 170, 600])
+def test_the_schedule_holds_every_fault_the_suite_promises(duration):
+    faults = make_schedule(11, duration, registry=True, big_rows=10, sabotage=True)
+    n = counts(faults)
+    assert n["kill_pipeline"] >= MIN_PIPELINE_KILLS + 1  # one more inside the registry outage
+    assert (n["kill_broker"], n["restart_postgres"], n["kill_walsender"], n["registry_down"]) == (1, 1, 2, 1)
+    assert (n["big_transaction"], n["advance_slot"]) == (1, 1)
+    broker = next(f for f in faults if f.kind == "kill_broker")
+    assert broker.hold >= 20
+    assert all(0 <= f.at <= duration for f in faults)
+    outages = [
+        f for f in faults if f.kind in ("kill_broker", "restart_postgres", "kill_walsender", "registry_down")
+    ]
+    for a, b in zip(outages, outages[1:], strict=False):
+        assert a.at + a.hold < b.at, f"{a.describe()} overlaps {b.describe()}"
+    registry = next(f for f in faults if f.kind == "registry_down")
+    assert any(
+        registry.at < f.at < registry.at + registry.hold for f in faults if f.kind == "kill_pipeline"
+    ), "no pipeline start meets the registry outage"
+
+
+def test_a_seed_replays_its_schedule_and_another_seed_does_not():
+    assert make_schedule(5, 170) == make_schedule(5, 170)
+    assert make_schedule(5, 170) != make_schedule(6, 170)
+
+
+def test_a_run_too_short_for_its_outages_is_refused():
+    with pytest.raises(ValueError, match="at least"):
+        make_schedule(1, MIN_DURATION - 1)

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cdc.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.config import Settings, describe_dsn
@@ -53,13 +53,15 @@ from cdc.errors import (
 from cdc.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from cdc.heartbeat import Heartbeat
 from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, RowFields, event_from_fields, parse_headers
-from cdc.sink import Headers, KafkaSink
+from cdc.sink import DeliveryCallback, Headers, KafkaSink
 from cdc.source import ReplicationSource, preflight
 
 if TYPE_CHECKING:
     from cdc.registry import SchemaRegistry
 
 log = logging.getLogger("cdc.pipeline")
+# At DEBUG, one line per delivery report: where each event went (id, topic, partition, offset; no payload).
+delivery_log = logging.getLogger("cdc.delivery")
 
 READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
 STATUS_MIN_INTERVAL = 0.1  # seconds between status updates that only report a moved watermark
@@ -120,6 +122,8 @@ class Pipeline:
         self.heartbeat = Heartbeat(settings)
         self._last_data = time.monotonic()  # when the stream last carried a change
         self._routes: dict[tuple[bytes, bytes, bytes], _Route] = {}
+        # Decided once: the hot path must not pay for a closure per event when nobody reads the lines.
+        self._trace = delivery_log.isEnabledFor(logging.DEBUG)
 
     # -- control ---------------------------------------------------------------------------------------
 
@@ -302,7 +306,13 @@ class Pipeline:
         try:
             # The route's topic was made sure of when the route was cached.
             self.sink.produce(
-                topic, aggregate_id, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive
+                topic,
+                aggregate_id,
+                value,
+                headers,
+                self._txn_ts_ms,
+                _traced(txn.delivered, id_) if self._trace else txn.delivered,
+                self._keep_alive,
             )
         except EventTooLargeError as exc:
             self._dead_letter(event_from_fields(fields), exc, topic)
@@ -419,7 +429,10 @@ class Pipeline:
             raise CdcError("a dead-letter event arrived outside a transaction", lsn=self._received)
         topic = self.settings.dlq_topic
         self._ensure_topic(topic)
-        self.sink.produce(topic, key, value, headers, self._txn_ts_ms, txn.delivered, self._keep_alive)
+        on_delivery: DeliveryCallback = txn.delivered
+        if self._trace:
+            on_delivery = _traced(on_delivery, next((v for k, v in headers if k == "id"), None))
+        self.sink.produce(topic, key, value, headers, self._txn_ts_ms, on_delivery, self._keep_alive)
         txn.sent()
 
     # -- waiting and status ----------------------------------------------------------------------------
@@ -535,6 +548,23 @@ class Pipeline:
                 latency.percentile(0.99),
                 latency.max_ms,
             )
+
+
+def _traced(delivered: DeliveryCallback, event_id: str | bytes | None) -> DeliveryCallback:
+    """``delivered``, with a DEBUG line per report first: grep an event id in the log to see where it went.
+    (A delivery report carries no headers, so the id comes with the closure.)"""
+    text = event_id.decode(errors="replace") if isinstance(event_id, bytes) else str(event_id or "")
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            delivery_log.debug(
+                "event %s acknowledged: %s [%d] @ %d", text, msg.topic(), msg.partition(), msg.offset()
+            )
+        else:
+            delivery_log.debug("event %s not delivered to %s: %s", text, msg.topic(), _kafka_error_text(err))
+        delivered(err, msg)
+
+    return on_delivery
 
 
 def _kafka_error_text(error: object) -> str:

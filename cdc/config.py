@@ -55,7 +55,14 @@ _CHOICES = {
     "log_format": ("text", "json"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 }
-_OWNED = {"enable.idempotence": ("true",), "acks": ("all", "-1"), "request.required.acks": ("all", "-1")}
+_OWNED = {
+    "enable.idempotence": ("true",),
+    "acks": ("all", "-1"),
+    "request.required.acks": ("all", "-1"),
+    # cdc.sink.FIXED_PRODUCER_CONFIG says why: more than one in flight can lose acknowledged records.
+    "max.in.flight.requests.per.connection": ("1",),
+    "max.in.flight": ("1",),
+}
 _RESERVED = {
     "bootstrap.servers": "set kafka.bootstrap_servers instead",
     "delivery.timeout.ms": "set delivery_timeout (seconds) instead",

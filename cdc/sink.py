@@ -81,7 +81,18 @@ Headers = list[tuple[str, str | bytes | None]]
 DeliveryCallback = Callable[[Any, Any], None]
 
 # Settings the pipeline's guarantees rest on; config validation refuses attempts to override them.
-FIXED_PRODUCER_CONFIG: dict[str, Any] = {"enable.idempotence": True, "acks": "all"}
+#
+# One request in flight per broker connection: with more, a request R2 can be accepted while an earlier R1 to
+# the same partition failed with a retriable error (a partition whose leader is not serving yet: a topic
+# created a moment ago, a leader that moved). A broker takes any first sequence number from a producer id it
+# has no state for on that partition, so it appends R2 without R1; librdkafka then counts R1's records as
+# "implicitly acked by subsequent batch success" and reports them delivered. They never reach the log. With
+# one request in flight, R1 is retried before anything after it is sent.
+FIXED_PRODUCER_CONFIG: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "max.in.flight.requests.per.connection": 1,
+}
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:

@@ -454,6 +454,8 @@ def test_kafka_bogus_value(key: str, value: str) -> None:
         ("delivery.timeout.ms", "1000"),
         ("transactional.id", "x"),
         ("bootstrap.servers", "h:1"),
+        ("max.in.flight.requests.per.connection", "5"),
+        ("max.in.flight", "2"),
     ],
 )
 def test_pipeline_owned_kafka_keys(tmp_path: Path, key: str, value: str) -> None:

@@ -18,6 +18,7 @@ def test_producer_is_idempotent_bounded_and_takes_the_users_keys():
         settings(**{"kafka.linger.ms": "20", "kafka.compression.type": "zstd", "max_in_flight": 5000})
     )
     assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+    assert conf["max.in.flight.requests.per.connection"] == 1
     assert conf["linger.ms"] == "20" and conf["compression.type"] == "zstd"
     assert conf["queue.buffering.max.messages"] == 5000
     assert conf["message.timeout.ms"] == 120_000

@@ -170,6 +170,9 @@ class KafkaSink:
             raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
         found = metadata.topics.get(topic)
         if found is not None and found.error is None:
+            risk = replication_risk(topic, found)
+            if risk is not None:
+                log.log(*risk)
             self._known_topics.add(topic)
             return
         if not self._settings.create_topics:
@@ -268,6 +271,26 @@ class KafkaSink:
         if now - self._last_error_log > 5:
             self._last_error_log = now
             log.warning("Kafka: %s (librdkafka retries with backoff)", err.str())
+
+
+def replication_risk(topic: str, metadata: Any) -> tuple[int, str] | None:
+    """(log level, line) when the topic's metadata says acknowledged events are at risk: partitions with
+    fewer in-sync replicas than replicas (WARNING: a leader failure there may take acknowledged records with
+    it), or a single replica (INFO: fine on a development stack, not in production). None otherwise."""
+    partitions = list(metadata.partitions.values())
+    short = sorted(p.id for p in partitions if len(p.isrs) < len(p.replicas))
+    if short:
+        return logging.WARNING, (
+            f"topic {topic} is under-replicated: partition(s) {', '.join(map(str, short))} have fewer "
+            "in-sync replicas than replicas, so an acknowledged event there is on fewer brokers than the "
+            "topic promises"
+        )
+    if partitions and all(len(p.replicas) == 1 for p in partitions):
+        return logging.INFO, (
+            f"topic {topic} has a single replica: an acknowledged event there is lost with its broker's disk "
+            "(production needs replication factor 3 and min.insync.replicas = 2)"
+        )
+    return None
 
 
 def _produce_error(topic: str, exc: KafkaException) -> CdcError:

@@ -1,4 +1,4 @@
-"""The verdict of a fault run: what the load committed against what Kafka holds (pure: records in, verdict out).
+"""The verdict of a fault run: what the load committed against what Kafka holds (records in, verdict out).
 
 Guarantee 1 is checked as the user would see it: every committed outbox insert is in Kafka (its topic, or the
 dead-letter topic); nothing rolled back is; the first copy of each event comes in its aggregate's commit order

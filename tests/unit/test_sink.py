@@ -4,7 +4,7 @@ import logging
 
 from cdc.config import load_settings
 from cdc.pipeline import Backoff
-from cdc.sink import KafkaLogThrottle, admin_config, producer_config
+from cdc.sink import KafkaLogThrottle, admin_config, producer_config, replication_risk
 
 
 def settings(**overrides):
@@ -113,3 +113,28 @@ def test_info_lines_of_librdkafka_are_not_throttled(caplog):
 
 def test_the_sink_logger_carries_the_throttle():
     assert any(isinstance(f, KafkaLogThrottle) for f in logging.getLogger("cdc.kafka").filters)
+
+
+# -- replication of the topics the pipeline publishes to -----------------------------------------------------
+
+
+class _Partition:
+    def __init__(self, id_: int, replicas: list[int], isrs: list[int]) -> None:
+        self.id, self.replicas, self.isrs = id_, replicas, isrs
+
+
+class _Topic:
+    def __init__(self, *partitions: _Partition) -> None:
+        self.partitions = {p.id: p for p in partitions}
+
+
+def test_an_under_replicated_topic_is_a_warning_naming_its_partitions():
+    risk = replication_risk("t", _Topic(_Partition(0, [1, 2, 3], [1, 2, 3]), _Partition(1, [1, 2, 3], [1])))
+    assert risk is not None
+    level, line = risk
+    assert level == logging.WARNING and "topic t is under-replicated: partition(s) 1 " in line
+
+
+def test_a_single_replica_is_said_at_info_and_a_healthy_topic_not_at_all():
+    assert replication_risk("t", _Topic(_Partition(0, [1], [1])))[0] == logging.INFO
+    assert replication_risk("t", _Topic(_Partition(0, [1, 2, 3], [3, 1, 2]))) is None

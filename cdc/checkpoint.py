@@ -18,8 +18,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from cdc.errors import CheckpointError
+
+IMPLICIT_ACK = (
+    "librdkafka reported it delivered without an offset (an implicit acknowledgement, not a broker's)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +100,16 @@ class Transaction:
         self.outstanding += 1
         self._tracker.in_flight += 1
 
-    def delivered(self, err: object, _msg: object = None) -> None:
-        """Delivery report for one event: ``err`` is None on success (confluent-kafka's callback shape)."""
+    def delivered(self, err: object, msg: Any = None) -> None:
+        """Delivery report for one event: ``err`` is None on success (confluent-kafka's callback shape).
+
+        A success without an offset is not taken for one: librdkafka reports records "implicitly acked by
+        subsequent batch success" that way, and a broker can append the later batch without them (see
+        ``cdc.sink.FIXED_PRODUCER_CONFIG``, which keeps that from happening). Stopping costs duplicates;
+        confirming past it could cost the event."""
         tracker = self._tracker
+        if err is None and msg is not None and msg.offset() is None:
+            err = IMPLICIT_ACK
         if err is not None:
             if tracker.failure is None:
                 tracker.failure = DeliveryFailure(err, self.xid, self.commit_lsn)

@@ -558,7 +558,7 @@ def _traced(delivered: DeliveryCallback, event_id: str | bytes | None) -> Delive
     def on_delivery(err: Any, msg: Any) -> None:
         if err is None:
             delivery_log.debug(
-                "event %s acknowledged: %s [%d] @ %d", text, msg.topic(), msg.partition(), msg.offset()
+                "event %s acknowledged: %s [%d] @ %s", text, msg.topic(), msg.partition(), msg.offset()
             )
         else:
             delivery_log.debug("event %s not delivered to %s: %s", text, msg.topic(), _kafka_error_text(err))

@@ -412,7 +412,10 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
     }
     line = figure_line(run, verdict, faults, supervisor, schedule, args, time.monotonic() - started)
     violations = verdict.violations()
-    (run.dir / "faults.log").write_text("\n".join([*run.done, *faults.errors, *violations, line]) + "\n")
+    exits = [f"exit of start {e.start}: code {e.code}: {e.reason}" for e in supervisor.unexpected_exits()]
+    (run.dir / "faults.log").write_text(
+        "\n".join([*run.done, *exits, *faults.errors, *violations, line]) + "\n"
+    )
     (run.dir / "verdict.json").write_text(
         json.dumps(
             {"missing": verdict.missing, "order": verdict.order_violations, "violations": violations},
@@ -420,7 +423,13 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
         )
     )
     for exit_ in supervisor.unexpected_exits():
-        log.info("unexpected exit of start %d: code %d after %.1f s", exit_.start, exit_.code, exit_.lived)
+        log.info(
+            "unexpected exit of start %d: code %d after %.1f s: %s",
+            exit_.start,
+            exit_.code,
+            exit_.lived,
+            exit_.reason or "(no error line)",
+        )
     if violations:
         for text in violations:
             log.error("VIOLATION: %s", text)

@@ -27,6 +27,7 @@ class Exit:
     code: int
     killed: bool  # by the schedule's kill -9
     lived: float  # seconds
+    reason: str = ""  # the start's last "cdc: error:" line, for an exit the schedule did not cause
 
 
 class Supervisor:
@@ -76,7 +77,10 @@ class Supervisor:
                 if self._stopping:  # the final SIGTERM: its exit code is stop()'s to report
                     self._proc = None
                     return
-                self.exits.append(Exit(self.starts, code, self._killed_by_us, time.monotonic() - started))
+                reason = "" if self._killed_by_us else _error_line(self.log_path(self.starts))
+                self.exits.append(
+                    Exit(self.starts, code, self._killed_by_us, time.monotonic() - started, reason)
+                )
                 delay, self._delay = (self._delay if self._killed_by_us else RESTART_DELAY), RESTART_DELAY
                 self._proc = None
                 if self._stopping:
@@ -135,3 +139,8 @@ class Supervisor:
 
     def unexpected_exits(self) -> list[Exit]:
         return [e for e in self.exits if not e.killed]
+
+
+def _error_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.startswith("cdc: error:")]
+    return lines[-1] if lines else ""

@@ -154,3 +154,31 @@ def test_a_transaction_is_timed_when_its_last_event_is_acknowledged():
     empty = tracker.begin(2, 190, commit_us)
     tracker.commit(empty, 200)
     assert latency.total == 2, "a transaction without events has no latency"
+
+
+class _Report:
+    """What a confluent-kafka delivery report offers the tracker: the offset Kafka gave (None when none)."""
+
+    def __init__(self, offset: int | None) -> None:
+        self._offset = offset
+
+    def offset(self) -> int | None:
+        return self._offset
+
+
+def test_a_success_without_an_offset_is_not_an_acknowledgement():
+    # librdkafka's "implicitly acked by subsequent batch success": err None, no offset, maybe not in Kafka.
+    tracker = AckTracker(100)
+    txn = run_txn(tracker, 7, 2, 200)
+    txn.delivered(None, _Report(41))
+    txn.delivered(None, _Report(None))
+    assert tracker.confirmed_lsn == 100
+    assert tracker.failure is not None and tracker.failure.xid == 7
+    assert "without an offset" in str(tracker.failure.error)
+
+
+def test_a_success_with_an_offset_is_one():
+    tracker = AckTracker(100)
+    txn = run_txn(tracker, 7, 1, 200)
+    txn.delivered(None, _Report(0))
+    assert tracker.confirmed_lsn == 200 and tracker.failure is None

@@ -121,7 +121,7 @@ def run(config_file: Path | None, **flags: Any) -> None:
     if settings.metrics_port is not None:
         from cdc.metrics import MetricsServer
 
-        server = MetricsServer(pipeline, settings.metrics_port)
+        server = MetricsServer(pipeline, settings.metrics_port, settings.metrics_host)
         server.start()
     # What start-up allocated (modules, settings, clients) lives as long as the process: out of the
     # collector's reach, a full collection scans only the stream's own objects (~35 ms less per pause).
@@ -140,7 +140,11 @@ def run(config_file: Path | None, **flags: Any) -> None:
 @main.command()
 @settings_options
 @click.option("--dry-run", is_flag=True, help="Print the SQL instead of running it.")
-@click.option("--role", help="Also create a least-privilege role (LOGIN REPLICATION) for `cdc run`.")
+@click.option(
+    "--role",
+    metavar="NAME",
+    help="Also create a least-privilege role (LOGIN REPLICATION) for `cdc run` (letters, digits and _).",
+)
 @click.option("--failover", is_flag=True, help="Create the slot as a failover slot (PostgreSQL 17+).")
 @handles_errors
 def setup(config_file: Path | None, dry_run: bool, role: str | None, failover: bool, **flags: Any) -> None:

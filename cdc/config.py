@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 REDACTED = "***"
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+# PostgreSQL also takes `$` in unquoted names, but `cdc setup` puts the names inside `$$`-quoted bodies, where
+# a `$$` would end the body early: such a name is refused rather than risked.
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _SECRET_KEY_PARTS = ("password", "secret", "sasl.oauthbearer.config", "key.pem", "private.key")
 _PLACEHOLDERS = ("aggregate_type", "event_type")
@@ -63,6 +65,9 @@ _OWNED = {
     "max.in.flight.requests.per.connection": ("1",),
     "max.in.flight": ("1",),
 }
+# delivery_timeout becomes librdkafka's message.timeout.ms, whose 0 means "never": a value that rounds to it
+# would turn a broker outage into a wait without end.
+_MIN_SECONDS = {"delivery_timeout": 1.0}
 _RESERVED = {
     "bootstrap.servers": "set kafka.bootstrap_servers instead",
     "delivery.timeout.ms": "set delivery_timeout (seconds) instead",
@@ -147,6 +152,7 @@ class Settings:
     topic_replication_factor: int = 1
     create_topics: bool = True
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     status_interval: float = 10.0
     shutdown_timeout: float = 30.0
     delivery_timeout: float = 120.0
@@ -341,6 +347,8 @@ def _coerce(key: str, value: object, where: str) -> object:
             raise _fail(key, where, "a number" if factor else "a number of seconds", value)
         if number < 1 if factor else number <= 0:
             raise _fail(key, where, "at least 1" if factor else "more than 0 seconds", value)
+        if key in _MIN_SECONDS and number < _MIN_SECONDS[key]:
+            raise _fail(key, where, f"at least {_MIN_SECONDS[key]:g} second(s)", value)
         return number
     if kind.startswith("int"):
         if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):

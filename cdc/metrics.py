@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -98,27 +99,52 @@ class _Quiet(WSGIRequestHandler):
         log.debug("metrics: " + format, *args)
 
 
-class MetricsServer:
-    """The HTTP endpoint on ``metrics_port`` (all interfaces: it is meant to be scraped)."""
+READY_CACHE_SECONDS = 2.0  # /readyz asks Kafka at most this often, however often it is probed
 
-    def __init__(self, pipeline: Pipeline, port: int, host: str = "0.0.0.0") -> None:
+
+class MetricsServer:
+    """The HTTP endpoint on ``metrics_host:metrics_port``: loopback by default, so that nothing is exposed
+    that was not asked for (a container sets ``metrics_host = "0.0.0.0"`` to be scraped from outside)."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        port: int,
+        host: str = "127.0.0.1",
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(PipelineCollector(pipeline))
         self._metrics = make_wsgi_app(registry)
         self._pipeline = pipeline
+        self._clock = clock
+        self._ready: tuple[float, list[str]] | None = None  # (when asked, reasons)
+        self._ready_lock = threading.Lock()
         try:
             self._server: WSGIServer = make_server(host, port, self._app, handler_class=_Quiet)
         except OSError as exc:
             raise ConfigError(
-                f"cannot serve metrics on port {port}: {exc.strerror}; choose another metrics_port",
+                f"cannot serve metrics on {host}:{port}: {exc.strerror}; choose another metrics_port "
+                "(or metrics_host)",
                 key="metrics_port",
             ) from exc
+        self.host = host
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="cdc-metrics", daemon=True)
 
+    def not_ready(self) -> list[str]:
+        """The pipeline's reasons not to be ready, asked at most every READY_CACHE_SECONDS: each ask is a
+        broker round trip, and a probe every few hundred ms should not become Kafka traffic."""
+        with self._ready_lock:
+            now = self._clock()
+            if self._ready is None or now - self._ready[0] >= READY_CACHE_SECONDS:
+                self._ready = (now, self._pipeline.not_ready())
+            return self._ready[1]
+
     def start(self) -> None:
         self._thread.start()
-        log.info("metrics on :%d (/metrics, /healthz, /readyz)", self.port)
+        log.info("metrics on %s:%d (/metrics, /healthz, /readyz)", self.host, self.port)
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -129,7 +155,7 @@ class MetricsServer:
         if path == "/healthz":
             return _text(start_response, "200 OK", "alive\n")
         if path == "/readyz":
-            reasons = self._pipeline.not_ready()
+            reasons = self.not_ready()
             if reasons:
                 return _text(start_response, "503 Service Unavailable", "; ".join(reasons) + "\n")
             return _text(start_response, "200 OK", "ready\n")

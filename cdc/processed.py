@@ -36,6 +36,7 @@ from psycopg import sql
 
 from cdc.config import TableRef
 from cdc.errors import ConfigError
+from cdc.retention import DELETE_LOCKED
 from cdc.source import connect
 
 __all__ = ["DEFAULT_TABLE", "apply_setup", "mark_processed", "parse_table", "prune", "setup_statements"]
@@ -139,9 +140,12 @@ def prune(
     if batch_size < 1:
         raise ConfigError("--batch-size must be at least 1", key="batch_size")
     only = sql.SQL(" AND consumer = %(consumer)s") if consumer is not None else sql.SQL("")
+    # By partition and ctid: a partitioned table's partitions share ctids (cdc.retention.DELETE_LOCKED), and a
+    # young guard row deleted with an old one lets a redelivery of its event run the handler again.
     statement = sql.SQL(
-        "DELETE FROM {table} WHERE ctid = ANY (ARRAY(SELECT ctid FROM {table}"
-        " WHERE processed_at < now() - %(older)s{only} LIMIT %(size)s FOR UPDATE SKIP LOCKED))"
+        "WITH old AS MATERIALIZED (SELECT tableoid AS rel, ctid AS tid FROM {table}"
+        " WHERE processed_at < now() - %(older)s{only} LIMIT %(size)s FOR UPDATE SKIP LOCKED)"
+        f" {DELETE_LOCKED}"
     ).format(table=_ident(table), only=only)
     params = {"older": older_than, "size": batch_size, "consumer": consumer}
     total = 0

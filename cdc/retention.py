@@ -25,6 +25,16 @@ log = logging.getLogger("cdc.retention")
 _PART = re.compile(r"(\d+)\s*(w|d|h|m|s)")
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 
+# Deletes the rows of the CTE ``old`` (``rel``: tableoid, ``tid``: ctid), which the statement locked. A ctid
+# names a row only within one partition: on a partitioned table (README, "Keeping the outbox small"), a
+# ``ctid = ANY`` alone also matches the young rows of other partitions at the same ctids, so the partition is
+# matched too. The ``ctid = ANY`` stays for its plan: a TID scan of each partition, where the planner may
+# answer a join on ctid with a scan of the whole table.
+DELETE_LOCKED = (
+    "DELETE FROM {table} WHERE ctid = ANY (ARRAY(SELECT tid FROM old))"
+    " AND (tableoid, ctid) IN (SELECT rel, tid FROM old)"
+)
+
 
 def parse_duration(text: str) -> timedelta:
     """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w``: a positive duration."""
@@ -56,8 +66,9 @@ def prune(settings: Settings, older_than: timedelta, *, batch_size: int = 10_000
         raise ConfigError("--batch-size must be at least 1", key="batch_size")
     table = sql.Identifier(settings.table.schema, settings.table.name)
     statement = sql.SQL(
-        "DELETE FROM {table} WHERE ctid = ANY (ARRAY("
-        "SELECT ctid FROM {table} WHERE {created_at} < now() - %s LIMIT %s FOR UPDATE SKIP LOCKED))"
+        "WITH old AS MATERIALIZED (SELECT tableoid AS rel, ctid AS tid FROM {table}"
+        " WHERE {created_at} < now() - %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+        f" {DELETE_LOCKED}"
     ).format(table=table, created_at=sql.Identifier(created_at))
     total = 0
     with connect(settings.database_url) as conn:

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from cdc.config import Settings
-from cdc.errors import CdcError, StartupRefusal
-from cdc.source import check_wal_level, connect, quote_ident, quote_literal
+from cdc.errors import CdcError, ConfigError, StartupRefusal
+from cdc.source import check_wal_level, connect
 
 log = logging.getLogger("cdc.setup")
 
@@ -25,6 +26,9 @@ SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "slot_setup"
 HEARTBEAT_TABLE = "cdc_heartbeat"
 _WHEN = re.compile(r"--\s*when:(\w+)\s*$")
 _MARKER = re.compile(r"\{\{(\w+)\}\}")
+# Roles are named like the other settings' identifiers (cdc.config): ASCII, no `$` (the role goes inside the
+# `$$`-quoted DO body of 06_role.sql), no quote or space, and short enough not to be truncated by PostgreSQL.
+_ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +47,48 @@ def script_dir() -> Path:
     )
 
 
+def _ident(*names: str) -> str:
+    return sql.Identifier(*names).as_string()
+
+
+def _literal(value: str) -> str:
+    return sql.Literal(value).as_string()
+
+
 def heartbeat_table(settings: Settings) -> str:
     """The quoted name of the table where `cdc run` notes the heartbeats it saw, beside the outbox."""
-    return f"{quote_ident(settings.table.schema)}.{quote_ident(HEARTBEAT_TABLE)}"
+    return _ident(settings.table.schema, HEARTBEAT_TABLE)
+
+
+def check_role(role: str) -> None:
+    """Refuse a ``--role`` that is not a plain identifier, before anything is sent to the server."""
+    if not _ROLE.fullmatch(role):
+        raise ConfigError(
+            f"--role {role!r} is not a plain role name: use letters, digits and _ (starting with a letter or "
+            "_, at most 63 characters), e.g. --role cdc_stream",
+            key="role",
+        )
+
+
+def _check_names(settings: Settings) -> None:
+    # load_settings already refuses these, but Settings built in code skip it. A `$` is the one character
+    # quoting does not neutralize: inside the scripts' `$$` bodies (DO blocks, functions) a `$$` in a name
+    # would end the body and run the rest of the name as SQL.
+    names = {
+        "table": f"{settings.table.schema}.{settings.table.name}",
+        "publication": settings.publication,
+        "slot": settings.slot,
+        **{
+            f"columns.{field}": name for field, name in settings.columns.as_dict().items() if name is not None
+        },
+    }
+    for key, name in names.items():
+        if "$" in name:
+            raise ConfigError(
+                f"setting {key!r} {name!r} has a '$', which cdc setup cannot put in its $$-quoted SQL: "
+                "rename it without '$'",
+                key=key,
+            )
 
 
 def render(
@@ -53,26 +96,27 @@ def render(
 ) -> list[SetupStep]:
     """The scripts with every ``{{marker}}`` filled in, in their numbered order. A script whose first line
     is ``-- requires: role`` is only applied with a role."""
+    if role is not None:
+        check_role(role)
+    _check_names(settings)
     columns = settings.columns.as_dict()
-    table = f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name)}"
+    schema, name = settings.table.schema, settings.table.name
     values: dict[str, str] = {
-        "table": table,
-        "publication": quote_ident(settings.publication),
-        "publication_literal": quote_literal(settings.publication),
-        "slot_literal": quote_literal(settings.slot),
-        "schema": quote_ident(settings.table.schema),
+        "table": _ident(schema, name),
+        "publication": _ident(settings.publication),
+        "publication_literal": _literal(settings.publication),
+        "slot_literal": _literal(settings.slot),
+        "schema": _ident(schema),
         "heartbeat_table": heartbeat_table(settings),
         "failover_arguments": ", false, false, true" if failover else "",
-        "index_created_at": quote_ident(f"{settings.table.name}_created_at_idx"),
-        "function_emit": f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name + '_emit')}",
-        "function_emit_message": (
-            f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name + '_emit_message')}"
-        ),
+        "index_created_at": _ident(f"{name}_created_at_idx"),
+        "function_emit": _ident(schema, f"{name}_emit"),
+        "function_emit_message": _ident(schema, f"{name}_emit_message"),
     }
-    values.update({f"col_{field}": quote_ident(name) for field, name in columns.items() if name is not None})
+    values.update({f"col_{field}": _ident(column) for field, column in columns.items() if column is not None})
     steps = []
     if role is not None:
-        values.update(role=quote_ident(role), role_literal=quote_literal(role))
+        values.update(role=_ident(role), role_literal=_literal(role))
     for path in sorted((directory or script_dir()).glob("*.sql")):
         text = path.read_text()
         if text.startswith("-- requires: role") and role is None:
@@ -160,7 +204,7 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None
         f" EXISTS ({functions} AND p.proname = %s), EXISTS ({functions} AND p.proname = %s),"
         " to_regclass(%s) IS NOT NULL",
         (
-            f"{quote_ident(schema)}.{quote_ident(name)}",
+            _ident(schema, name),
             settings.publication,
             settings.slot,
             schema,

@@ -85,3 +85,21 @@ def test_a_role_without_replication_is_refused(outbox, role):
     line = error_line(stderr)
     assert f"role '{role}' may not stream: it lacks the REPLICATION attribute" in line
     assert "role-pw-2" not in stderr
+
+
+def test_a_role_name_that_would_break_the_setup_sql_is_refused_before_anything_runs(outbox, unique_name):
+    # `$$` would end the DO body of 06_role.sql early; a quote or space is no name a DSN user can carry.
+    role = unique_name("cdc_role")[:50] + "$$"
+    fresh = dict(outbox.env, CDC_PUBLICATION=unique_name("pub")[:63])
+    done = cdc(fresh, "setup", "--role", role)
+    assert done.returncode == 2, done.stderr
+    assert error_line(done.stderr) == (
+        f"cdc: error: --role {role!r} is not a plain role name: use letters, digits and _ (starting with a"
+        " letter or _, at most 63 characters), e.g. --role cdc_stream"
+    )
+    created = outbox.conn.execute(
+        "SELECT (SELECT count(*) FROM pg_roles WHERE rolname LIKE %s),"
+        " (SELECT count(*) FROM pg_publication WHERE pubname = %s)",
+        (role.rstrip("$") + "%", fresh["CDC_PUBLICATION"]),
+    ).fetchone()
+    assert created == (0, 0), "nothing was applied, not even the scripts before 06_role.sql"

@@ -488,3 +488,15 @@ def test_validation_leaves_no_threads() -> None:
     while len(os.listdir("/proc/self/task")) > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(os.listdir("/proc/self/task")) <= before
+
+
+@pytest.mark.parametrize("value", ["0.0001", "0.5"])
+def test_a_delivery_timeout_below_a_second_is_refused(tmp_path: Path, value: str) -> None:
+    # librdkafka's message.timeout.ms = 0 means "never time out": a broker outage would be waited out.
+    err = rejected(tmp_path, env={"CDC_DELIVERY_TIMEOUT": value})
+    assert err.key == "delivery_timeout" and "at least 1 second" in str(err)
+
+
+def test_metrics_listen_on_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    assert load(tmp_path).metrics_host == "127.0.0.1"
+    assert load(tmp_path, env={"CDC_METRICS_HOST": "0.0.0.0"}).metrics_host == "0.0.0.0"

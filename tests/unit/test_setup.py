@@ -1,8 +1,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from cdc.config import load_settings
+import pytest
+from click.testing import CliRunner
+
+from cdc.cli import main
+from cdc.config import TableRef, load_settings
+from cdc.errors import ConfigError
 from cdc.setup import render
 from cdc.source import pgoutput_options
 
@@ -59,3 +65,60 @@ def test_role_script_only_with_a_role():
     role_sql = next(s.sql for s in render(settings(), role="cdc_stream") if s.name == "06_role.sql")
     assert 'CREATE ROLE "cdc_stream" LOGIN REPLICATION NOSUPERUSER' in role_sql
     assert 'GRANT SELECT, INSERT, UPDATE ON "public"."cdc_heartbeat" TO "cdc_stream"' in role_sql
+
+
+@pytest.mark.parametrize(
+    "role", ["cdc$$; DROP TABLE x; --", "a$b", 'we"ird', "it's", "a b", "1st", "", "r" * 64]
+)
+def test_a_role_that_is_not_a_plain_identifier_is_refused_naming_the_flag(role):
+    with pytest.raises(ConfigError, match=r"^--role .* use letters, digits and _") as info:
+        render(settings(), role=role)
+    assert info.value.key == "role"
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("option", ["table", "publication"])
+def test_a_dollar_sign_in_a_name_is_refused_by_the_settings(option):
+    with pytest.raises(ConfigError, match=option) as info:
+        settings(**{option: "out$$box"})
+    assert info.value.key == option
+
+
+def test_a_dollar_sign_in_a_column_name_is_refused_by_the_settings():
+    with pytest.raises(ConfigError, match=r"columns\.payload"):
+        settings(columns={"payload": "pay$$load"})
+
+
+@pytest.mark.parametrize(
+    ("key", "changes"),
+    [
+        ("publication", {"publication": "p$$; DROP TABLE t; $$"}),
+        ("table", {"table": TableRef(name="out$x")}),
+        ("columns.payload", {"columns": replace(settings().columns, payload="pay$$load")}),
+    ],
+)
+def test_render_refuses_a_name_with_a_dollar_sign_that_bypassed_the_settings(key, changes):
+    # Settings built in code skip load_settings' checks; a `$$` in a name would end the DO body early.
+    pattern = rf"^setting '{re.escape(key)}' .* has a '\$'.*without '\$'$"
+    with pytest.raises(ConfigError, match=pattern) as info:
+        render(replace(settings(), **changes))
+    assert info.value.key == key
+
+
+def test_dollar_quoted_bodies_hold_no_dollar_sign_but_their_delimiters():
+    for step in render(settings(table="app.outbox_events", publication="pub_x"), role="cdc_stream"):
+        assert step.sql.count("$") == 2 * step.sql.count("$$"), step.name
+
+
+def test_cdc_setup_refuses_a_bad_role_in_one_line_before_connecting():
+    # The DSN points nowhere: the refusal must come before any connection, with --dry-run or without.
+    env = {"CDC_DATABASE_URL": "postgresql://u@127.0.0.1:1/db", "CDC_CONFIG": ""}
+    for extra in (["--dry-run"], []):
+        result = CliRunner().invoke(main, ["setup", "--role", "cdc$$x", *extra], env=env)
+        assert result.exit_code == 2, result.output
+        errors = [line for line in result.output.splitlines() if line.startswith("cdc: error:")]
+        assert errors == [
+            "cdc: error: --role 'cdc$$x' is not a plain role name: use letters, digits and _ (starting with a"
+            " letter or _, at most 63 characters), e.g. --role cdc_stream"
+        ]
+        assert "Traceback" not in result.output and "-- 01_outbox_table.sql" not in result.output

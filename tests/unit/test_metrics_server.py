@@ -1,0 +1,56 @@
+"""The metrics endpoint: loopback unless told otherwise, and /readyz that does not hammer Kafka."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from cdc.metrics import READY_CACHE_SECONDS, MetricsServer
+
+
+class _Pipeline:
+    def __init__(self) -> None:
+        self.asked = 0
+        self.reasons: list[str] = []
+
+    def not_ready(self) -> list[str]:
+        self.asked += 1
+        return list(self.reasons)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_endpoint_listens_on_loopback_by_default():
+    server = MetricsServer(_Pipeline(), 0)  # type: ignore[arg-type]
+    server.start()  # stop() waits for the serving loop, which must be running
+    try:
+        assert server._server.server_address[0] == "127.0.0.1"
+    finally:
+        server.stop()
+
+
+def test_readiness_is_asked_of_the_pipeline_at_most_once_per_cache_period():
+    pipeline, clock = _Pipeline(), _Clock()
+    server = MetricsServer(pipeline, 0, clock=clock)  # type: ignore[arg-type]
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/readyz"
+        for _ in range(5):
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                assert answer.status == 200
+        assert pipeline.asked == 1
+        pipeline.reasons = ["Kafka does not answer"]
+        clock.now += READY_CACHE_SECONDS
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            raise AssertionError("a pipeline that is not ready answered 200")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503 and b"Kafka does not answer" in exc.read()
+        assert pipeline.asked == 2
+    finally:
+        server.stop()

@@ -31,8 +31,9 @@ takes the per-record path below with the error it raised (its first attempt).
 
 What a handler's exception does is decided in :mod:`cdc.failures`: a :class:`RetryableError` is retried
 with backoff (bounded; then the consumer stops), a :class:`PermanentError` or an undecodable record goes to
-the service's dead-letter topic and the partition moves on, anything else rolls back and leaves
-:meth:`IdempotentConsumer.run` without committing the offset, so a restart reads the record again.
+the service's dead-letter topic (reduced when it is too large for it) and the partition moves on, anything
+else rolls back and leaves :meth:`IdempotentConsumer.run` without committing the offset, so a restart reads
+the record again.
 
 Rebalances: callbacks run inside ``poll()``, i.e. between records, so a revoked partition's current record is
 finished and committed before the partition goes; an offset whose commit failed is retried on revocation.
@@ -53,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc.config import TableRef
 from cdc.deserialize import Event, EventDeserializer, KafkaMessage
@@ -68,7 +69,7 @@ from cdc.errors import (
     TopicMissingError,
     first_line,
 )
-from cdc.failures import RetryPolicy, classify, dead_letter_headers, error_reason
+from cdc.failures import RetryPolicy, classify, dead_letter_headers, dead_letter_records, error_reason
 from cdc.processed import DEFAULT_TABLE, mark_many, mark_processed
 
 __all__ = [
@@ -89,6 +90,8 @@ __all__ = [
 log = logging.getLogger("cdc.consumer")
 
 BATCH_SECONDS: Final = 0.25  # the time one batch (one transaction, one offset commit) aims to take
+# A record the producer (message.max.bytes) or the dead-letter topic (max.message.bytes) refuses for its size.
+_TOO_LARGE: Final = (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
 
 
 class _BatchEnded(Exception):
@@ -433,23 +436,50 @@ class IdempotentConsumer:
     def _dead_letter(self, message: Any, exc: BaseException, where: str | None = None) -> None:
         where = where or f"record at {_at(message)}"
         log.warning("%s goes to the dead-letter topic %s: %s", where, self.dlq_topic, _name(exc))
-        reports: list[Any] = []
         _, timestamp = message.timestamp()
-        self._producer.produce(
-            self.dlq_topic,
-            key=message.key(),
-            value=message.value(),
-            headers=dead_letter_headers(message, exc, self.name),
-            timestamp=max(timestamp, 0),
-            on_delivery=lambda err, _msg: reports.append(err),
+        error: KafkaError | str | None = None
+        # A dead letter too large for the producer or the topic would stop the consumer on a record that
+        # failed for another reason: it is sent again smaller (cdc.failures.dead_letter_records).
+        for key, value, headers in dead_letter_records(message, exc, self.name):
+            if error is not None:
+                log.warning(
+                    "%s is too large for %s; sending it smaller (%s)",
+                    where,
+                    self.dlq_topic,
+                    dict(headers)["reduced"].decode(),  # what is left out
+                )
+            error = self._send_dead_letter(key, value, headers, max(timestamp, 0))
+            if error is None:
+                self.counts["dead_lettered"] += 1
+                return
+            if not (isinstance(error, KafkaError) and error.code() in _TOO_LARGE):
+                break
+        # Not dead-lettered, so not acknowledged either: a restart reads the record again.
+        fix = (
+            ": even reduced to its error headers it does not fit; raise the topic's max.message.bytes"
+            if isinstance(error, KafkaError) and error.code() in _TOO_LARGE
+            else ""
         )
-        self._producer.flush(self._producer_conf["message.timeout.ms"] / 1000 + 5)
-        if not reports or reports[0] is not None:
-            # Not dead-lettered, so not acknowledged either: a restart reads the record again.
-            raise ConsumerError(
-                f"cannot write {where} to {self.dlq_topic}: {reports[0] if reports else 'no ack'}"
+        raise ConsumerError(f"cannot write {where} to {self.dlq_topic}: {error}{fix}")
+
+    def _send_dead_letter(
+        self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], timestamp: int
+    ) -> KafkaError | str | None:
+        """None once delivered, else what went wrong (a too-large record fails here or in its report)."""
+        reports: list[KafkaError | None] = []
+        try:
+            self._producer.produce(
+                self.dlq_topic,
+                key=key,
+                value=value,
+                headers=headers,
+                timestamp=timestamp,
+                on_delivery=lambda err, _msg: reports.append(err),
             )
-        self.counts["dead_lettered"] += 1
+        except KafkaException as exc:
+            return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
+        self._producer.flush(self._producer_conf["message.timeout.ms"] / 1000 + 5)
+        return reports[0] if reports else "no ack"
 
     # -- offsets ----------------------------------------------------------------------------------------
 

@@ -140,6 +140,11 @@ class EventDeserializer:
             writer = self.store.get(event_type, version).parsed
             body = memoryview(value)[10:]
         elif value[:1] == b"\x00":
+            if len(value) < 5:
+                raise DeserializationError(
+                    f"the value is {len(value)} bytes: shorter than the Confluent framing's 5-byte header "
+                    "(00 + 4-byte schema id)"
+                )
             schema_id, body = split_confluent(value)
             event_type, known, writer = self._from_registry(schema_id)
             version = known if known is not None else _int(headers.get("schema_version"))
@@ -170,6 +175,12 @@ class EventDeserializer:
                 "the value is Confluent-framed but no schema_registry_url was given to the deserializer"
             )
         writer = self.registry.writer_schema(schema_id)
+        if not (isinstance(writer, dict) and writer.get("type") == "record"):
+            # Every schema `cdc run` registers is a record: a value framed with anything else is not an event.
+            raise DeserializationError(
+                f"schema id {schema_id} in the schema registry is an Avro {_kind(writer)}, not a record: "
+                "the value is not an event"
+            )
         event_type = str(writer.get("name", "")).rpartition(".")[2]
         # The same schema in schemas/ names the version without trusting headers.
         fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(writer), "CRC-64-AVRO"))
@@ -178,6 +189,12 @@ class EventDeserializer:
             event_type, version = self.store.by_fingerprint(fp)
         hit = self._by_id[schema_id] = (event_type, version, writer)
         return hit
+
+
+def _kind(schema: Any) -> str:
+    if isinstance(schema, list):
+        return "union"
+    return str(schema.get("type") if isinstance(schema, dict) else schema)[:32]
 
 
 def _int(text: str | None) -> int:

@@ -27,7 +27,11 @@ type, or with a default that does not fit its field is a SchemaNotFoundError: th
 (``schema_not_found``) and the stream goes on. Failures are not cached, so a fixed file is picked up.
 
 Each schema is compiled once into straight-line Python that validates and writes in one pass; its output is
-byte-for-byte what ``fastavro.schemaless_writer`` writes (the tests check it).
+byte-for-byte what ``fastavro.schemaless_writer`` writes (the tests check it). A schema file is data from a
+pull request, so it must never become code: fastavro's parser lets a fixed's ``size`` be any JSON value and
+names be any string, hence every attribute the generator reads is type-checked first (:func:`_check`: size an
+integer >= 0, names Avro names, symbols a list of them), and the generated source holds only names and
+numbers the generator made itself; every value taken from the schema reaches it through its namespace.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ CONFLUENT_MAGIC: Final = b"\x00"  # the Confluent wire format: this byte, the 4-
 EncodeFn = Callable[[Any, bytearray], None]
 Payload = bytes | bytearray | memoryview | str
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FULLNAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 SCHEMA_FILE: Final = re.compile(r"v[1-9][0-9]*\.avsc\Z")  # v<N>.avsc, N from 1, no leading zeros
 
 
@@ -202,6 +207,12 @@ class AvroEncoder:
         stored = self.store.get(*key)
         what = f"{stored.event_type} v{stored.version}"
         try:
+            _check(stored.parsed, "", set())
+        except _BadSchema as exc:
+            raise SchemaNotFoundError(
+                f"schema for {what} in {stored.path} is not valid Avro: {exc}"
+            ) from None
+        try:
             fn = _build(stored.parsed, stored.parsed.get("__named_schemas", {}), {}, set())
         except Exception as exc:
             raise SchemaNotFoundError(f"schema for {what} in {stored.path} cannot be used: {exc}") from exc
@@ -282,8 +293,10 @@ _ACCEPTS: Final = {  # kind: the Python types of the JSON values it takes
     "boolean": "bool",
     "array": "list",
 }
-# The code of each kind, {x} being the variable holding the value. "? " marks the JSON type check, left out
-# where a union checked already. [VARINT] appends the varint of z (>= 0), [LATIN1] sets b to a string's bytes.
+# The code of each kind, {x} being the variable holding the value; {lab}, {size}, {sym} and {p} are names
+# (or tuples of names) in the generated code's namespace, never the schema's text. "? " marks the JSON type
+# check, left out where a union checked already. [VARINT] appends the varint of z (>= 0), [LATIN1] sets b
+# to a string's bytes.
 _TEXT: Final = r"""
 [VARINT]
 if z < 16384: out += _VI[z]
@@ -291,7 +304,7 @@ elif z < 268435456: out += _VC[z & 16383]; out += _VI[z >> 14]
 else: out += _varint(z)
 [LATIN1]
 try: b = {x}.encode('latin-1')
-except UnicodeEncodeError: raise _bad({p}, {lab!r} + ' (code points U+0000..U+00FF)', {x}) from None
+except UnicodeEncodeError: raise _bad({p}, {lab} + ' (code points U+0000..U+00FF)', {x}) from None
 [null]
 ? if {x} is not None: {bad})
 [boolean]
@@ -327,11 +340,11 @@ out += b
 [fixed]
 ? if type({x}) is not str: {bad})
 LATIN1
-if len(b) != {size}: raise _Invalid({p}, 'expects ' + {lab!r} + ' of {size} bytes, got another length')
+if len(b) != {size}: raise _Invalid({p}, 'expects %s of %d bytes, got another length' % ({lab}, {size}))
 out += b
 [enum]
 b = {sym}.get({x}) if type({x}) is str else None
-if b is None: raise _bad({p}, 'one of the symbols of ' + {lab!r}, {x})
+if b is None: raise _bad({p}, 'one of the symbols of ' + {lab}, {x})
 out += b
 """
 
@@ -354,6 +367,69 @@ _Defaults = dict[int, bytes | None]  # id of a field -> its encoded default (Non
 
 class _Restart(Exception):  # a record turned out to be recursive: compile again, giving it a function
     pass
+
+
+class _BadSchema(ValueError):  # an attribute the generator reads has the wrong type or form
+    pass
+
+
+def _json_type(value: object) -> str:
+    return _DISPATCH.get(type(value).__name__, "object")
+
+
+def _what(value: object) -> str:  # what a value that is not a name is, without its text
+    return "string that is not one" if isinstance(value, str) else _json_type(value)
+
+
+def _check(schema: Any, at: str, seen: set[int]) -> None:
+    """Everything of ``schema`` (fastavro's parsed form) the generator reads, type-checked: fastavro accepts a
+    fixed's size of any type and names of any text. ``at`` is the attribute path; the message names it, never
+    the attribute's text, which may be anything."""
+    if isinstance(schema, list):
+        for i, branch in enumerate(schema):
+            _check(branch, f"{at}[{i}]", seen)
+        return
+    if not isinstance(schema, dict) or id(schema) in seen:
+        return  # a primitive or a named type's name: fastavro resolved it; a definition is checked once
+    seen.add(id(schema))
+    kind, dot = schema.get("type"), f"{at}." if at else ""
+    if not isinstance(kind, str):
+        return _check(kind, f"{dot}type", seen)
+    if kind in ("record", "error", "enum", "fixed"):
+        name = schema.get("name")
+        if not (isinstance(name, str) and _FULLNAME.match(name)):
+            raise _BadSchema(
+                f"{dot}name of a {kind} must be a dot-separated Avro name ([A-Za-z_][A-Za-z0-9_]* each, "
+                f"namespace included), got {_what(name)}"
+            )
+    if kind in ("record", "error"):
+        fields = schema.get("fields")
+        if not isinstance(fields, list):
+            raise _BadSchema(f"{dot}fields must be an array, got {_json_type(fields)}")
+        names: set[str] = set()
+        for i, f in enumerate(fields):
+            fname = f.get("name") if isinstance(f, dict) else None
+            if not (isinstance(fname, str) and _NAME.match(fname)):
+                raise _BadSchema(
+                    f"{dot}fields[{i}].name must be an Avro name ([A-Za-z_][A-Za-z0-9_]*), got {_what(fname)}"
+                )
+            if fname in names:
+                raise _BadSchema(f"{dot}fields[{i}].name {fname!r} is the name of an earlier field")
+            names.add(fname)
+            _check(f["type"], f"{dot}fields[{i}].type", seen)
+    elif kind == "enum":
+        symbols = schema.get("symbols")
+        if not (isinstance(symbols, list) and all(isinstance(v, str) and _NAME.match(v) for v in symbols)):
+            raise _BadSchema(f"{dot}symbols must be an array of Avro names, got {_json_type(symbols)}")
+    elif kind == "fixed":
+        size = schema.get("size")
+        if type(size) is not int or size < 0:
+            got = "integer below 0" if type(size) is int else _json_type(size)
+            raise _BadSchema(f"{dot}size must be an integer >= 0, got {got}")
+    elif kind == "array":
+        _check(schema.get("items"), f"{dot}items", seen)
+    elif kind == "map":
+        _check(schema.get("values"), f"{dot}values", seen)
 
 
 def _build(schema: Any, named: dict[str, Any], defaults: _Defaults, recursive: set[str]) -> EncodeFn:
@@ -399,12 +475,20 @@ class _Gen:
         self.funcs: dict[str, str] = {}  # recursive record -> its function
         self.active: set[str] = set()  # records being inlined
         self.count = 0
+        self.consts: dict[tuple[type, object], str] = {}  # a schema's string or number -> its name in ns
 
     def new(self, prefix: str, value: object = None) -> str:
         self.count += 1
         if value is not None:
             self.ns[f"{prefix}{self.count}"] = value
         return f"{prefix}{self.count}"
+
+    def const(self, value: str | int) -> str:
+        """The namespace name holding ``value``: what comes from a schema is never pasted into the source."""
+        key = (type(value), value)
+        if (name := self.consts.get(key)) is None:
+            name = self.consts[key] = self.new("_c", value)
+        return name
 
     def w(self, ind: int, *lines: str) -> None:
         self.lines += ["    " * ind + line for line in lines]
@@ -425,7 +509,7 @@ class _Gen:
     def emit(self, schema: Any, x: str, path: list[str], ind: int, blocks: int, union: str = "") -> None:
         """Code for the value in variable ``x``; from a union, ``union`` names it and the type is checked."""
         kind, s = _resolve(schema, self.named)
-        lab, p, w, checked = union or _label(kind, s, self.named), _tup(path), self.w, bool(union)
+        lab, p, w, checked = union or self.const(_label(kind, s, self.named)), _tup(path), self.w, bool(union)
         if kind in ("record", "error") and s["name"] in self.recursive and path:
             return self.call(self.funcs.get(s["name"]) or self.function(s, s["name"]), x, path, ind)
         if (blocks >= 8 or ind >= 40) and kind in ("record", "error", "array", "map", "union"):
@@ -437,9 +521,9 @@ class _Gen:
             "x": x,
             "p": p,
             "lab": lab,
-            "size": s.get("size"),
+            "size": self.const(s["size"]) if kind == "fixed" else "",
             "sym": sym,
-            "bad": f"raise _bad({p}, {lab!r}, {x}",
+            "bad": f"raise _bad({p}, {lab}, {x}",
         }
         code = _CODE.get(kind, ["? if type({x}) is not " + _ACCEPTS[kind] + ": {bad})"])
         w(
@@ -470,14 +554,17 @@ class _Gen:
         d = self.new("d") if any("default" in f for f in fields) else ""
         w(ind, *([f"{d} = 0"] if d else []))
         for f in fields:
-            y, name, fpath = self.new("y"), repr(f["name"]), [*path, repr(f["name"])]
+            y, name = self.new("y"), self.const(f["name"])
+            fpath = [*path, name]
             if "default" in f:
                 if id(f) not in self.defaults:  # None: a placeholder while a recursive default compiles
                     self.defaults[id(f)], out = None, bytearray()
                     try:
                         _build(f["type"], self.named, self.defaults, self.recursive)(f["default"], out)
                     except _Invalid as exc:
-                        raise ValueError(f"field {f['name']!r} of {lab}: {exc.render('default')}") from None
+                        raise ValueError(
+                            f"field {f['name']!r} of {self.ns[lab]}: {exc.render('default')}"
+                        ) from None
                     self.defaults[id(f)] = bytes(out)
                 w(ind, f"if {name} in {x}:", f"    {y} = {x}[{name}]")
                 self.emit(f["type"], y, fpath, ind + 1, blocks)
@@ -495,7 +582,8 @@ class _Gen:
         self.active.discard(s["name"])
 
     def union(self, branches: list[Any], x: str, path: list[str], ind: int, blocks: int, lab: str) -> None:
-        """Dispatch on the JSON type; when several branches take it, try them in order, undoing failures."""
+        """Dispatch on the JSON type; when several branches take it, try them in order, undoing failures.
+        ``lab`` is the namespace name of the union's label."""
         kinds, w, kw = [_resolve(b, self.named)[0] for b in branches], self.w, "if"
         for pytype, json_type in _DISPATCH.items():
             cands = [i for i, k in enumerate(kinds) if pytype in _ACCEPTS[k].split()]
@@ -512,6 +600,8 @@ class _Gen:
                     w(ind + 1, f"if not {ok}:", "    try:", f"        out += {_VI[i << 1]!r}")
                     self.emit(branches[i], x, path, ind + 3, blocks + 2, lab)
                     w(ind + 2, f"    {ok} = True", f"except _Invalid: del out[{m}:]")
-                problem = f"expects {lab}, got {json_type} that fits none of its branches"
-                w(ind + 1, f"if not {ok}: raise _Invalid({_tup(path)}, {problem!r})")
-        w(ind, f"else: raise _bad({_tup(path)}, {lab!r}, {x})")
+                problem = self.const(
+                    f"expects {self.ns[lab]}, got {json_type} that fits none of its branches"
+                )
+                w(ind + 1, f"if not {ok}: raise _Invalid({_tup(path)}, {problem})")
+        w(ind, f"else: raise _bad({_tup(path)}, {lab}, {x})")

@@ -19,12 +19,18 @@
 Dead-letter records keep the original key, value, timestamp and headers; the error's headers come first
 (:func:`dead_letter_headers`): ``error_class``, ``error_reason``, ``error_message``, ``original_topic``,
 ``original_partition``, ``original_offset``, ``consumer``.
+
+A dead letter must always fit, or the record that failed would stop the consumer after all: when the
+producer or the dead-letter topic refuses it as too large, it is sent again smaller
+(:func:`dead_letter_records`): first without the record's own headers but its ``id`` and with the key cut to
+``KEY_LIMIT`` bytes, then without the value too. A ``reduced`` header says what was left out; the
+``original_*`` headers still say where the whole record is.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,13 +45,26 @@ from cdc.errors import (
     RetryableError,
 )
 
-__all__ = ["Disposition", "RetryPolicy", "classify", "dead_letter_headers", "error_reason"]
+__all__ = [
+    "KEY_LIMIT",
+    "DeadLetterRecord",
+    "Disposition",
+    "RetryPolicy",
+    "classify",
+    "dead_letter_headers",
+    "dead_letter_records",
+    "error_reason",
+]
 
 Disposition = Literal["retry", "dead_letter", "crash"]
 
 # PostgreSQL's own transient failures: retrying the whole transaction is the documented remedy.
 _PG_TRANSIENT = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable)
 _MESSAGE_LIMIT = 2000  # characters of error_message: a header, not a log file
+_REDUCED_MESSAGE_LIMIT = 500  # in a reduced dead letter, which must fit even a small message.max.bytes
+KEY_LIMIT = 256  # bytes of the key (and of the id header) a reduced dead letter keeps
+
+DeadLetterRecord = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]  # key, value, headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +122,36 @@ def error_reason(exc: BaseException) -> str:
 
 def dead_letter_headers(message: KafkaMessage, exc: BaseException, consumer: str) -> list[tuple[str, bytes]]:
     """The error's headers first, then the record's own: readers take the first of a name as the error's."""
+    own = [(k, v or b"") for k, v in message.headers() or ()]
+    return _error_headers(message, exc, consumer, _MESSAGE_LIMIT) + own
+
+
+def dead_letter_records(
+    message: KafkaMessage, exc: BaseException, consumer: str
+) -> Iterator[DeadLetterRecord]:
+    """The dead letter of ``message``, then smaller versions of it, each for when the previous one was refused
+    as too large (module docstring)."""
+    key, value = message.key(), message.value()
+    yield key, value, dead_letter_headers(message, exc, consumer)
+    error = _error_headers(message, exc, consumer, _REDUCED_MESSAGE_LIMIT)
+    error += [("id", (v or b"")[:KEY_LIMIT]) for k, v in message.headers() or () if k == "id"][:1]
+    left_out = "the record's own headers but id"
+    if key is not None and len(key) > KEY_LIMIT:
+        key, left_out = key[:KEY_LIMIT], f"{left_out}, the key after {KEY_LIMIT} bytes"
+    yield key, value, [*error, ("reduced", f"left out: {left_out}".encode())]
+    yield key, None, [*error, ("reduced", f"left out: the value, {left_out}".encode())]
+
+
+def _error_headers(
+    message: KafkaMessage, exc: BaseException, consumer: str, limit: int
+) -> list[tuple[str, bytes]]:
     error: list[tuple[str, str]] = [
         ("error_class", type(exc).__name__),
         ("error_reason", error_reason(exc)),
-        ("error_message", str(exc)[:_MESSAGE_LIMIT]),
+        ("error_message", str(exc)[:limit]),
         ("original_topic", message.topic() or ""),
         ("original_partition", str(message.partition())),
         ("original_offset", str(message.offset())),
         ("consumer", consumer),
     ]
-    own = [(k, v or b"") for k, v in message.headers() or ()]
-    return [(k, v.encode()) for k, v in error] + own
+    return [(k, v.encode()) for k, v in error]

@@ -146,7 +146,20 @@ class SchemaRegistry:
             raise self._unavailable(f"fetching schema id {schema_id}", exc) from exc
         except Exception as exc:
             raise self._unavailable(f"fetching schema id {schema_id}", exc) from exc
-        parsed = self._writers[schema_id] = parse_schema(orjson.loads(found.schema_str or "null"))
+        # What the registry holds is the record's problem, not the registry's: another producer may have
+        # framed its value with a JSON or Protobuf schema, or stored text that is not Avro.
+        what = f"schema id {schema_id} in the schema registry {self.shown_url}"
+        if (found.schema_type or "AVRO").upper() != "AVRO":
+            raise DeserializationError(
+                f"{what}: a {str(found.schema_type).upper()[:16]} schema, not Avro: the value was not "
+                "written by outbox CDC"
+            )
+        try:
+            parsed = parse_schema(orjson.loads(found.schema_str or ""))
+        except Exception as exc:  # orjson.JSONDecodeError, fastavro's SchemaParseException, KeyError, ...
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            raise DeserializationError(f"{what}: not valid Avro ({why})") from exc
+        self._writers[schema_id] = parsed
         return parsed
 
     # -- internals -------------------------------------------------------------------------------------

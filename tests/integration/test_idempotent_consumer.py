@@ -22,7 +22,8 @@ import orjson
 import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from psycopg import sql
 
 from cdc.encode import AvroEncoder, SchemaStore, confluent_header
@@ -506,3 +507,55 @@ def test_records_are_batched_and_a_failure_inside_a_batch_loses_nothing(rig):
     assert "RetryableError, attempt 2; retrying" in log and "attempt 3" not in log
     assert log.count("was processed before") >= 3
     assert restarted.terminate(30) == 0
+
+
+def test_values_the_registry_cannot_explain_go_to_the_dead_letter_topic(rig, consume, schema_registry_url):
+    """Confluent-framed values that cannot be read: one shorter than its 5-byte header, one whose schema id
+    is a JSON schema in the registry. Both are undecodable records: dead-lettered, and the partition goes on
+    to the next event instead of the consumer stopping on them for good."""
+    json_schema = '{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}'
+    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+        json_id = client.register_schema(f"{rig.topic}-json-value", Schema(json_schema, "JSON"))
+    short = Order("o-short", key="k", value=b"\x00\x00\x07")
+    not_avro = Order("o-json", key="k", value=confluent_header(json_id) + b'{"order_id": "o-json"}')
+    after = Order("o-after", key="k")  # one partition: behind the two
+    rig.produce([short, not_avro, after])
+    service = rig.start("examples.invoice_service", "--schema-registry-url", schema_registry_url)
+    rig.wait_committed(3)
+    assert rig.invoices_per_order() == {"o-after": 1}
+    letters = {r.headers["id"].decode(): r for r in consume(rig.dlq, 2)}
+    assert set(letters) == {short.event_id, not_avro.event_id}
+    for order in (short, not_avro):
+        letter = letters[order.event_id]
+        assert letter.headers["error_reason"] == b"undecodable" and letter.value == order.value
+    assert b"shorter than the Confluent framing" in letters[short.event_id].headers["error_message"]
+    assert b"a JSON schema, not Avro" in letters[not_avro.event_id].headers["error_message"]
+    assert service.terminate(30) == 0
+
+
+def test_a_dead_letter_too_large_for_its_topic_is_sent_reduced(rig, consume):
+    """The dead-letter topic takes at most 4 KB a record; the undecodable record has a 20 KB header and a
+    2 KB key. It is dead-lettered without its own headers (its id kept) and with its key cut, and the
+    partition goes on; before, the broker's refusal stopped the consumer on it."""
+    small = NewTopic(rig.dlq, num_partitions=1, replication_factor=1, config={"max.message.bytes": "4096"})
+    rig.admin.create_topics([small])[rig.dlq].result(timeout=30)
+    bad, after = Order("o-bad", key="k" * 2000), Order("o-after")
+    producer = Producer({"bootstrap.servers": rig.bootstrap})
+    producer.produce(
+        rig.topic,
+        key=bad.key,
+        value=b"not avro",
+        headers=[("id", bad.event_id.encode()), ("blob", b"x" * 20_000)],
+    )
+    assert producer.flush(30) == 0
+    rig.produce([after])
+    service = rig.start("examples.invoice_service")
+    rig.wait_committed(2)
+    assert rig.invoices_per_order() == {"o-after": 1}
+    (letter,) = consume(rig.dlq, 1)
+    assert letter.headers["id"] == bad.event_id.encode() and "blob" not in letter.headers
+    assert letter.headers["error_reason"] == b"undecodable" and letter.value == b"not avro"
+    assert letter.key == b"k" * 256
+    assert letter.headers["reduced"] == b"left out: the record's own headers but id, the key after 256 bytes"
+    service.wait_for_log(r"is too large for \S+; sending it smaller")
+    assert service.terminate(30) == 0

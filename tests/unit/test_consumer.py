@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cdc.consumer import EventDeserializer
+from cdc.consumer import EventDeserializer, classify
 from cdc.encode import AvroEncoder, SchemaStore, confluent_header, split_confluent
 from cdc.errors import DeserializationError
 from tests.unit.fake_message import Message
@@ -80,13 +80,25 @@ def test_an_incompatible_reader_is_an_error_naming_both_versions(tmp_path: Path)
         (b"\xc3\x01" + b"\x00" * 8 + b"\x02", "no schema in .* has fingerprint 0000000000000000"),
         (b'{"json": true}', "neither Avro single-object"),
         (confluent_header(7) + b"\x02", "Confluent-framed but no schema_registry_url"),
+        (b"\x00\x00\x07", "3 bytes: shorter than the Confluent framing's 5-byte header"),
+        (b"\x00", "1 bytes: shorter than the Confluent framing's 5-byte header"),
+        (b"\xc3\x01\x00", "no schema in .* has fingerprint 00$"),
         (None, "no value"),
     ],
-    ids=["unknown-fingerprint", "not-avro", "confluent-without-registry", "tombstone"],
+    ids=[
+        "unknown-fingerprint",
+        "not-avro",
+        "confluent-without-registry",
+        "confluent-3-bytes",
+        "confluent-1-byte",
+        "single-object-3-bytes",
+        "tombstone",
+    ],
 )
 def test_values_that_are_not_events_are_named_errors(value: bytes | None, message: str) -> None:
-    with pytest.raises(DeserializationError, match=message):
+    with pytest.raises(DeserializationError, match=message) as caught:
         EventDeserializer(SCHEMAS)(Message(value))
+    assert classify(caught.value) == "dead_letter", "an undecodable record must not block its partition"
 
 
 def test_truncated_body_is_an_error_not_a_partial_event() -> None:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
+from cdc.catalog import check_schemas
 from cdc.encode import MAGIC, AvroEncoder, SchemaStore
 from cdc.errors import EventError, PayloadInvalidError, SchemaNotFoundError
 
@@ -612,3 +613,105 @@ def test_float_is_written_as_single_precision(tmp_path: Path) -> None:
     write_schema(tmp_path, "F", 1, record("F", ("f", "float"), ("d", "double")))
     body = AvroEncoder(SchemaStore(tmp_path)).encode_body("F", 1, b'{"f": 0.1, "d": 3}')
     assert body == struct.pack("<f", 0.1) + struct.pack("<d", 3.0)
+
+
+# --- schema files are data, never code ----------------------------------------------------------------------
+
+
+def quoteless(text: str) -> str:
+    """A Python expression for ``text`` without quotes: it survives being pasted into a string literal."""
+    return "+".join(f"chr({ord(c)})" for c in text)
+
+
+def test_a_fixed_size_that_is_python_code_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    code = f"(open({quoteless(str(marker))}, {quoteless('w')}).close() or 0)"
+    evil = record("Evil", ("f", {"type": "fixed", "name": "F", "size": code}), f="")
+    path = write_schema(tmp_path / "schemas", "Evil", 1, evil)
+    encoder = AvroEncoder(SchemaStore(tmp_path / "schemas"))
+    refused: SchemaNotFoundError | None = None
+    try:
+        encoder.encode("Evil", 1, b'{"f": ""}')
+    except SchemaNotFoundError as exc:
+        refused = exc
+    assert not marker.exists(), "the schema file ran code"
+    assert refused is not None, "the schema was accepted"
+    assert str(path) in str(refused) and "fields[0].type.size" in str(refused)
+    assert "open" not in str(refused), "the attribute's text is not repeated"
+    report = check_schemas(tmp_path / "schemas", "BACKWARD")  # the deploy gate CI runs on pull requests
+    assert not marker.exists(), "cdc schemas check ran code from the schema file"
+    assert any("size" in problem for problem in report.problems)
+
+
+FIXED = {"type": "fixed", "name": "F", "size": 2}
+ENUM = {"type": "enum", "name": "E", "symbols": ["A", "B"]}
+
+
+@pytest.mark.parametrize(
+    ("schema", "attribute"),
+    [
+        (record("Bad", ("f", {**FIXED, "size": "2"})), "fields[0].type.size"),
+        (record("Bad", ("f", {**FIXED, "size": -1})), "fields[0].type.size"),
+        (record("Bad", ("f", {**FIXED, "size": True})), "fields[0].type.size"),
+        (record("Bad", ("f", {**FIXED, "size": 2.0})), "fields[0].type.size"),
+        (record("Bad", ("f')] or x[('", "int")), "fields[0].name"),
+        (record("Bad", ("ok", "int"), (3, "int")), "fields[1].name"),  # type: ignore[arg-type]
+        (record("Bad", ("ok", "int"), ("ok", "long")), "fields[1].name"),
+        (record("Bad", ("r", record("In'ner", ("a", "int")))), "fields[0].type.name"),
+        (record("Bad", ("r", {**record("Inner", ("a", "int")), "namespace": "t x"})), "fields[0].type.name"),
+        (record("Bad", ("e", {**ENUM, "symbols": "AB"})), "fields[0].type.symbols"),
+        (record("Bad", ("e", {"type": "array", "items": {**ENUM, "symbols": "AB"}})), "fields[0].type.items"),
+        (
+            record("Bad", ("m", {"type": "map", "values": {**FIXED, "size": "2"}})),
+            "fields[0].type.values.size",
+        ),
+        (record("Bad", ("u", ["null", {**FIXED, "size": "2"}])), "fields[0].type[1].size"),
+    ],
+    ids=[
+        "size-string",
+        "size-negative",
+        "size-bool",
+        "size-float",
+        "field-name-quote",
+        "field-name-int",
+        "field-name-twice",
+        "record-name-quote",
+        "namespace-space",
+        "symbols-string",
+        "array-items",
+        "map-values",
+        "union-branch",
+    ],
+)
+def test_an_attribute_of_the_wrong_type_is_an_invalid_schema(
+    tmp_path: Path, schema: dict[str, Any], attribute: str
+) -> None:
+    path = write_schema(tmp_path, "Bad", 1, schema)
+    with pytest.raises(SchemaNotFoundError, match="is not valid Avro") as info:
+        AvroEncoder(SchemaStore(tmp_path)).encoder_for("Bad", 1)
+    assert str(path) in str(info.value) and "Bad v1" in str(info.value)
+    assert attribute in str(info.value)
+
+
+def test_defaults_and_symbols_that_look_like_code_are_only_data(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    sneaky = f"'); open({str(marker)!r}, 'w') #\"\"\"\\"
+    schema = record(
+        "Fine",
+        ("s", "string"),
+        ("raw", "bytes"),
+        ("fix", {"type": "fixed", "name": "Twelve", "size": 12}),
+        ("e", {"type": "enum", "name": "E", "symbols": ["A_1", "_b"]}),
+        ("m", {"type": "map", "values": "string"}),
+        s=sneaky,
+        raw="\u00ff'\"",
+        fix='\')#"""\\\n\r\t\x00x',
+        e="_b",
+        m={sneaky: sneaky},
+    )
+    write_schema(tmp_path, "Fine", 1, schema)
+    body = AvroEncoder(SchemaStore(tmp_path)).encode_body("Fine", 1, b"{}")
+    expected = {**{f["name"]: f["default"] for f in schema["fields"]}}
+    expected["raw"], expected["fix"] = expected["raw"].encode("latin-1"), expected["fix"].encode("latin-1")
+    assert body == fastavro_body(parse_schema(schema), expected)
+    assert not marker.exists()

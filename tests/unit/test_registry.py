@@ -6,10 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from confluent_kafka.schema_registry import Schema
 
+from cdc.deserialize import EventDeserializer
 from cdc.encode import SchemaStore, confluent_header
-from cdc.errors import RegistryUnavailableError
+from cdc.errors import DeserializationError, RegistryUnavailableError
+from cdc.failures import classify
 from cdc.registry import SchemaRegistry
+from tests.unit.fake_message import Message
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -43,3 +47,50 @@ def test_credentials_never_reach_an_error_message() -> None:
     assert "failed registering OrderPlaced v1 under subject 't-outbox.events.OrderPlaced'" in str(
         caught.value
     )
+
+
+class FakeClient:
+    """Stands in for SchemaRegistryClient: every id has the one schema it was given."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema, self.fetched = schema, 0
+
+    def get_schema(self, schema_id: int) -> Schema:
+        self.fetched += 1
+        return self.schema
+
+    def close(self) -> None:
+        pass
+
+
+def registry_with(schema: Schema) -> SchemaRegistry:
+    registry = SchemaRegistry("http://127.0.0.1:1", SchemaStore(SCHEMAS))
+    registry.client = FakeClient(schema)  # type: ignore[assignment]
+    return registry
+
+
+NOT_AVRO = [
+    (Schema('{"type": "object", "properties": {"a": {"type": "string"}}}', "JSON"), "a JSON schema"),
+    (Schema('{"type": "string"}', "JSON"), "a JSON schema"),  # valid Avro text, but the registry says JSON
+    (Schema('syntax = "proto3"; message M { string a = 1; }', "PROTOBUF"), "a PROTOBUF schema"),
+    (Schema("{not json", "AVRO"), "not valid Avro"),
+    (Schema('{"type": "object"}', "AVRO"), "not valid Avro"),
+    (Schema(None, "AVRO"), "not valid Avro"),
+]
+
+
+@pytest.mark.parametrize(("schema", "message"), NOT_AVRO)
+def test_a_registry_schema_that_is_not_avro_is_a_deserialization_error(schema: Schema, message: str) -> None:
+    with pytest.raises(DeserializationError, match=f"schema id 7 in the schema registry .*: {message}"):
+        registry_with(schema).writer_schema(7)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [*(schema for schema, _ in NOT_AVRO), Schema('"string"', "AVRO"), Schema('["null", "int"]', "AVRO")],
+)
+def test_a_confluent_record_whose_schema_is_not_an_avro_record_is_undecodable(schema: Schema) -> None:
+    deserializer = EventDeserializer(SCHEMAS, registry=registry_with(schema))
+    with pytest.raises(DeserializationError, match=r"^outbox\.event\.order\[2\]@41: schema id 7 ") as caught:
+        deserializer(Message(confluent_header(7) + b"\x02"))
+    assert classify(caught.value) == "dead_letter", "the consumer sends it to its dead-letter topic"

@@ -4,8 +4,10 @@ Choices made here (see DESIGN.md for the fixed table):
 
 - Environment: every scalar top-level key ``k`` is read from ``CDC_<K>`` (``CDC_STATUS_INTERVAL``...), plus
   ``CDC_KAFKA_BOOTSTRAP_SERVERS``, ``CDC_COLUMNS`` (a preset name) and ``CDC_CONFIG`` (the TOML file).
-  An empty variable counts as not set. Unknown ``CDC_*`` variables are ignored (the prefix is not ours alone);
-  ``Settings.sources`` says where each non-default value came from, for ``cdc config show``.
+  ``CDC_KAFKA_<KEY>`` sets the librdkafka key ``<key>`` (lower case, ``_`` as ``.``). An empty variable
+  counts as not set. An unknown ``CDC_*`` name is refused with a did-you-mean, except the tooling's own
+  ``CDC_STACK_*``, ``CDC_FAULTS_*`` and ``CDC_COMPOSE_*``; ``Settings.sources`` says where each non-default
+  value came from, for ``cdc config show``.
 - ``topic_partitions`` defaults to 3, so that per-aggregate ordering still leaves room to scale consumers.
 - ``kafka.<key>`` passes librdkafka producer keys through; the pipeline owns idempotence, ``acks=all``, the
   delivery timeout (``delivery_timeout``) and the bootstrap servers (``kafka.bootstrap_servers``).
@@ -26,7 +28,9 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import psycopg
 from confluent_kafka import KafkaException, Producer
+from psycopg.conninfo import conninfo_to_dict
 
 from cdc.compat import MODES
 from cdc.errors import ConfigError
@@ -203,6 +207,11 @@ def redact_dsn(dsn: str) -> str:
         if at >= 0 and ":" in rest[:at]:
             rest = f"{rest[:at].split(':', 1)[0]}:{REDACTED}{rest[at:]}"
         return re.sub(r"([?&](?:ssl)?password=)[^&#]*", rf"\1{REDACTED}", f"{scheme}://{rest}")
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        # What follows a password cannot be told apart from it when the string does not parse.
+        return f"{REDACTED} (a connection string that does not parse)"
     return re.sub(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", rf"\1{REDACTED}", dsn)
 
 
@@ -270,6 +279,8 @@ def _producer_error(user: dict[str, str]) -> str | None:
 _KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(Settings) if f.name not in ("kafka", "sources")}
 _TOP_KEYS = (*_KINDS, "kafka")
 _ENV = {**{f"CDC_{k.upper()}": k for k in _KINDS}, "CDC_KAFKA_BOOTSTRAP_SERVERS": "kafka.bootstrap_servers"}
+# Variables of the project's own tooling (the local stack, the fault suite, docker compose): not settings.
+_TOOLING_ENV = ("CDC_STACK_", "CDC_FAULTS_", "CDC_COMPOSE_")
 
 
 def load_settings(
@@ -291,10 +302,15 @@ def load_settings(
             data: dict[str, Any] = tomllib.loads(config_file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}", key="config") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {config_file} is not UTF-8 text (byte {exc.start}): save it as UTF-8",
+                key="config",
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {config_file} is not valid TOML: {exc}", key="config") from exc
         merged.update((k, (v, f"in {config_file}")) for k, v in _flatten(data, f"in {config_file}").items())
-    merged.update((_ENV[e], (v, f"from {e}")) for e, v in environ.items() if e in _ENV and v != "")
+    merged.update(_environment(environ))
     given = _flatten({k: v for k, v in overrides.items() if v is not None}, "in the overrides")
     merged.update((k, (v, "from the overrides")) for k, v in given.items())
     if "database_url" not in merged and not require_database:
@@ -309,6 +325,32 @@ def load_settings(
     settings = Settings(kafka=_kafka(merged), sources=sources, **kwargs)  # type: ignore[arg-type]
     _check(settings, merged, require_database)
     return settings
+
+
+def _environment(environ: Mapping[str, str]) -> dict[str, tuple[object, str]]:
+    """The settings given as ``CDC_*`` variables. ``CDC_KAFKA_<KEY>`` is the librdkafka setting ``<key>`` in
+    lower case with ``_`` as ``.`` (``CDC_KAFKA_SASL_PASSWORD`` -> ``kafka.sasl.password``). Any other
+    ``CDC_*`` name is a typo until proven otherwise, and refused: a misspelt ``CDC_ON_INVALID_EVENT`` would
+    otherwise leave the default quietly in force. The project's own tooling variables are not settings."""
+    out: dict[str, tuple[object, str]] = {}
+    for name, value in environ.items():
+        if not name.startswith("CDC_") or name.startswith(_TOOLING_ENV) or name == "CDC_CONFIG":
+            continue
+        if name in _ENV:
+            key = _ENV[name]
+        elif name.startswith("CDC_KAFKA_") and len(name) > len("CDC_KAFKA_"):
+            key = "kafka." + name[len("CDC_KAFKA_") :].lower().replace("_", ".")
+        else:
+            hint = difflib.get_close_matches(name, [*_ENV, "CDC_CONFIG"], n=1)
+            raise ConfigError(
+                f"unknown environment variable {name}: no setting of outbox CDC is named so"
+                + (f"; did you mean {hint[0]}?" if hint else "")
+                + " (librdkafka settings go in CDC_KAFKA_<KEY>, e.g. CDC_KAFKA_SECURITY_PROTOCOL)",
+                key=name,
+            )
+        if value != "":  # an empty variable counts as not set
+            out[key] = (value, f"from {name}")
+    return out
 
 
 def _flatten(data: Mapping[str, Any], where: str) -> dict[str, object]:
@@ -435,6 +477,18 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
 
     if require_database and not s.database_url.strip():
         raise ConfigError("setting 'database_url' must not be empty", key="database_url")
+    if require_database:
+        try:
+            conninfo_to_dict(s.database_url)
+        except psycopg.ProgrammingError:
+            # libpq's message quotes the text around the fault, which may be the password: never shown.
+            raise ConfigError(
+                f"setting 'database_url'{where('database_url')} is not a connection string libpq can read: "
+                "write a URI (postgresql://user@host:5432/dbname) or key=value pairs, quoting a value with "
+                "spaces or quotes as password='a b' and percent-encoding such characters in a URI (its "
+                "text is not shown: it may hold a password)",
+                key="database_url",
+            ) from None
     if not re.fullmatch(r"[a-z0-9_]{1,63}", s.slot):
         raise _fail("slot", where("slot"), "lower-case letters, digits and _ (at most 63)", s.slot)
     if not _IDENT.fullmatch(s.publication):

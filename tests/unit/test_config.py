@@ -136,7 +136,7 @@ def test_env_strings_are_converted(tmp_path: Path) -> None:
         "CDC_SCHEMA_REGISTRY_URL": "http://registry:8081",
         "CDC_TOPIC_TEMPLATE": "ev.{aggregate_type}.{event_type}",
         "CDC_DLQ_TOPIC": "dead",
-        "CDC_UNRELATED_THING": "ignored",
+        "CDC_STACK_PG_BIN": "/usr/lib/postgresql/15/bin",  # the local stack's own, not a setting
         "CDC_SLOT": "",
     }
     s = load(tmp_path, env=env)
@@ -500,3 +500,58 @@ def test_a_delivery_timeout_below_a_second_is_refused(tmp_path: Path, value: str
 def test_metrics_listen_on_loopback_unless_told_otherwise(tmp_path: Path) -> None:
     assert load(tmp_path).metrics_host == "127.0.0.1"
     assert load(tmp_path, env={"CDC_METRICS_HOST": "0.0.0.0"}).metrics_host == "0.0.0.0"
+
+
+# --- CDC_* variables, config files and DSNs that must not slip through --------------------------------------
+
+
+def test_a_misspelt_variable_is_refused_with_the_name_it_meant(tmp_path: Path) -> None:
+    err = rejected(tmp_path, env={"CDC_ON_INVALID_EVNT": "stop"})
+    assert err.key == "CDC_ON_INVALID_EVNT" and "did you mean CDC_ON_INVALID_EVENT?" in str(err)
+
+
+def test_librdkafka_settings_come_from_cdc_kafka_variables(tmp_path: Path) -> None:
+    env = {
+        "CDC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "CDC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "CDC_KAFKA_SASL_USERNAME": "cdc",
+        "CDC_KAFKA_SASL_PASSWORD": SECRET,
+    }
+    s = load(tmp_path, env=env)
+    assert dict(s.kafka.extra) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "cdc",
+        "sasl.password": SECRET,
+    }
+    assert s.sources["kafka.sasl.password"] == "from CDC_KAFKA_SASL_PASSWORD"
+    assert SECRET not in str(s.redacted())
+
+
+def test_a_cdc_kafka_variable_that_librdkafka_does_not_know_is_refused(tmp_path: Path) -> None:
+    err = rejected(tmp_path, env={"CDC_KAFKA_SECURITY_PROTOCOLL": "SSL"})
+    assert err.key == "kafka.security.protocoll"
+
+
+def test_a_config_file_that_is_not_utf8_is_one_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "cdc.toml"
+    path.write_bytes(b'slot = "caf\xe9"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(config_file=path, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"}, overrides={})
+    assert info.value.key == "config" and "not UTF-8" in str(info.value) and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=h user=cdc password=abc 2secret dbname=app",  # libpq: missing "=" after "2secret"
+        "postgresql://cdc:pa%zz2secret@h/app",  # libpq: invalid percent-encoded token
+        "host=h password='2secret",  # an unterminated quote
+    ],
+)
+def test_a_dsn_libpq_cannot_read_is_refused_without_a_fragment_of_it(tmp_path: Path, dsn: str) -> None:
+    err = rejected(tmp_path, env={"CDC_DATABASE_URL": dsn}, with_dsn=False)
+    assert err.key == "database_url" and "not a connection string libpq can read" in str(err)
+    assert "2secret" not in str(err) and "abc" not in str(err)
+    assert err.__cause__ is None and err.__suppress_context__
+    assert "2secret" not in redact_dsn(dsn) and "abc" not in redact_dsn(dsn)

@@ -23,6 +23,8 @@ from cdc.source import connect
 log = logging.getLogger("cdc.heartbeat")
 
 PREFIX = "cdc-heartbeat"
+STATEMENT_TIMEOUT_MS = 5000
+LOCK_TIMEOUT_MS = 2000
 
 
 class Heartbeat:
@@ -44,6 +46,13 @@ class Heartbeat:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.settings.database_url)
+                # The stream's only thread waits on these statements: a lock held on the heartbeat table, or
+                # a server that hangs, must cost a warning, not the stream.
+                self._conn.execute(
+                    "SELECT set_config('statement_timeout', %s, false),"
+                    " set_config('lock_timeout', %s, false)",
+                    (f"{STATEMENT_TIMEOUT_MS}ms", f"{LOCK_TIMEOUT_MS}ms"),
+                )
             self._conn.execute("SELECT pg_logical_emit_message(false, %s, now()::text)", (PREFIX,))
         except (psycopg.Error, SourceConnectionError) as exc:
             log.warning("heartbeat failed (%s); trying again in %g s", first_line(exc), self.interval)

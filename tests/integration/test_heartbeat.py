@@ -4,9 +4,14 @@ the pipeline running, the slot's retained WAL stays bounded; with it stopped, it
 from __future__ import annotations
 
 import json
+import logging
+import time
 
+import psycopg
 from psycopg import sql
 
+from cdc.heartbeat import LOCK_TIMEOUT_MS, Heartbeat
+from cdc.setup import heartbeat_table
 from tests.integration.test_metrics import get, metric
 from tests.plugins.pipeline import cdc, free_port, wait_until
 
@@ -72,3 +77,20 @@ def test_heartbeats_keep_an_idle_slot_moving_and_a_stopped_one_grows(
     finally:
         with pg_connect(autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(other)))
+
+
+def test_a_locked_heartbeat_table_costs_a_warning_within_the_lock_timeout_not_the_stream(outbox, caplog):
+    """The heartbeat's statements run on the stream's only thread: a DBA's lock on cdc_heartbeat must not
+    hold it longer than the heartbeat's lock_timeout."""
+    beat = Heartbeat(outbox.settings)
+    beat.emit(time.monotonic())  # opens the heartbeat's connection, with its timeouts
+    with psycopg.connect(outbox.dsn) as locker:
+        locker.execute(f"LOCK TABLE {heartbeat_table(outbox.settings)} IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="cdc.heartbeat"):
+            beat.came_back()
+        waited = time.monotonic() - started
+        locker.rollback()
+    beat.close()
+    assert waited < LOCK_TIMEOUT_MS / 1000 + 2, f"the heartbeat waited {waited:.1f} s on a lock"
+    assert "could not note the heartbeat" in caplog.text

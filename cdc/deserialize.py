@@ -103,7 +103,9 @@ class EventDeserializer:
     def __call__(self, message: KafkaMessage) -> Event:
         where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
         raw = tuple((k, v or b"") for k, v in message.headers() or ())
-        headers = {k: v.decode("utf-8", "replace") for k, v in raw}
+        headers: dict[str, str] = {}
+        for k, v in raw:  # the first of a name: the pipeline writes its own headers before a row's
+            headers.setdefault(k, v.decode("utf-8", "replace"))
         value = message.value()
         if value is None:
             raise DeserializationError(f"{where}: the record has no value (a tombstone is not an event)")

@@ -189,12 +189,28 @@ def parse_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
     return header_pairs(data)
 
 
+# Header names the pipeline and its tools write themselves. A row's own header of such a name is kept as
+# ``row_<name>``: consumers read the first header of a name, but a second ``id`` is a trap for any reader
+# that keeps the last, and a deduplicating consumer that took a row's "req-42" for the event id would skip
+# every later event that carries it.
+SYSTEM_HEADERS = frozenset(
+    {"id", "event_type", "schema_version", "aggregate_type", "commit_lsn", "xid"}
+    | {"error_class", "error_reason", "error_message", "original_topic"}
+)
+ROW_HEADER_PREFIX = "row_"
+
+
 def header_pairs(data: dict[str, Any]) -> tuple[tuple[str, bytes], ...]:
     return tuple(
-        (str(k), v.encode() if isinstance(v, str) else orjson.dumps(v))
+        (_row_header_name(str(k)), v.encode() if isinstance(v, str) else orjson.dumps(v))
         for k, v in data.items()
         if v is not None
     )
+
+
+def _row_header_name(name: str) -> str:
+    reserved = name in SYSTEM_HEADERS or name.startswith("cdc_")
+    return ROW_HEADER_PREFIX + name if reserved else name
 
 
 def _null_message(columns: ColumnMap, values: Values, positions: tuple[int, ...]) -> str:

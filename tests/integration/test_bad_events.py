@@ -40,3 +40,16 @@ def test_on_invalid_event_stop_stops_without_confirming_past_the_bad_event(
     assert len(errors) == 1 and "field 'amount_cents' expects long, got string" in errors[0], proc.tail()
     assert outbox.confirmed_lsn() < bad.lsn_after, "the slot must not pass the event it stopped on"
     assert topic_size(kafka_bootstrap, outbox.dlq_topic) == 0
+
+
+def test_a_rows_id_header_never_passes_for_the_event_id(outbox, pipeline_process, consume):
+    """Two events whose rows both carry {"id": "req-42"}: each arrives with its own id first, the row's as
+    row_id, so that a consumer reading them sees two events, not one event twice."""
+    proc = pipeline_process()
+    proc.wait_streaming()
+    events = [outbox.event("h-1", headers={"id": "req-42", "traceparent": "00-abc"}) for _ in range(2)]
+    outbox.commit(events)
+    records = consume(outbox.topic("order"), 2, timeout=30)
+    assert [r.headers["id"].decode() for r in records] == [e.id for e in events]
+    assert all(r.headers["row_id"] == b"req-42" and r.headers["traceparent"] == b"00-abc" for r in records)
+    assert proc.terminate() == 0

@@ -78,6 +78,14 @@ def topic_factory(
     delete_topics(kafka_admin, names)
 
 
+def first_headers(headers: list[tuple[str, bytes | None]] | None) -> dict[str, bytes]:
+    """The first value of each header name, as consumers read them: the pipeline's own come first."""
+    out: dict[str, bytes] = {}
+    for name, value in headers or ():
+        out.setdefault(name, value or b"")
+    return out
+
+
 def read_topic(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> list[Record]:
     """The records of `topic` from the beginning, stopping at `n` records or after `timeout` seconds (then
     it returns what it has, and the caller's assertion says what is missing). Waits for the topic to exist.
@@ -116,7 +124,7 @@ def read_topic(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> lis
                         offset=msg.offset(),
                         key=msg.key(),
                         value=msg.value(),
-                        headers={k: v for k, v in (msg.headers() or [])},
+                        headers=first_headers(msg.headers()),
                         timestamp_ms=msg.timestamp()[1],
                     )
                 )

@@ -117,3 +117,10 @@ def test_confluent_header_round_trip() -> None:
     assert (schema_id, bytes(body)) == (70_000, b"body")
     with pytest.raises(ValueError, match="not Confluent-framed"):
         split_confluent(b"\x01\x00\x00\x00\x01")
+
+
+def test_the_first_header_of_a_name_is_the_one_read() -> None:
+    # The pipeline writes its own headers first; whatever a record carries after them never replaces them.
+    message = Message(encoded(1, V1), [("id", b"e-1"), ("event_type", b"OrderPlaced"), ("id", b"req-42")])
+    event = EventDeserializer(SCHEMAS)(message)
+    assert event.id == "e-1" and event.headers["id"] == "e-1"

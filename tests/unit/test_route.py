@@ -156,3 +156,19 @@ def test_topic_template_uses_aggregate_and_event_type():
     assert r.topic("order", "OrderPlaced") == "events.order.OrderPlaced"
     assert r.topic("order", "OrderPlaced") == "events.order.OrderPlaced"
     assert r.topic("customer", "X") == "events.customer.X"
+
+
+def test_a_rows_headers_cannot_take_the_name_of_a_system_header():
+    """A row's {"id": "req-42"} must not become a second `id` header: a consumer that read it would take
+    req-42 for the event id and, deduplicating on it, skip later real events."""
+    r = router()
+    r.relation(relation(DEFAULT_COLUMNS))
+    raw = b'{"id": "req-42", "event_type": "x", "cdc_dlq_resolved": "0:1", "error_reason": "r", "n": 3}'
+    event = from_row(r, row(headers=raw))
+    assert event.headers == (
+        ("row_id", b"req-42"),
+        ("row_event_type", b"x"),
+        ("row_cdc_dlq_resolved", b"0:1"),
+        ("row_error_reason", b"r"),
+        ("n", b"3"),
+    )

@@ -22,6 +22,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── SchemaNotFoundError       no schema for this event_type / schema_version
 │   ├── PayloadInvalidError       the payload does not fit its schema (or is not JSON)
 │   ├── SchemaRejectedError       the schema registry refused the event's schema (incompatible, invalid)
+│   ├── InvalidTopicError         the event's aggregate / event type makes no legal Kafka topic name
 │   └── EventTooLargeError        the encoded record is above the producer's message.max.bytes
 ├── SinkError                     the Kafka side
 │   ├── TopicMissingError         the topic does not exist and may not be created
@@ -51,6 +52,7 @@ __all__ = [
     "DeserializationError",
     "EventError",
     "EventTooLargeError",
+    "InvalidTopicError",
     "MalformedEventError",
     "PayloadInvalidError",
     "PermanentError",
@@ -170,6 +172,10 @@ class SchemaRejectedError(EventError):
 
 class EventTooLargeError(EventError):
     reason = "too_large"
+
+
+class InvalidTopicError(EventError):
+    reason = "invalid_topic"
 
 
 class SinkError(CdcError):

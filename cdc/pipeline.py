@@ -43,6 +43,7 @@ from cdc.errors import (
     DeliveryError,
     EventError,
     EventTooLargeError,
+    InvalidTopicError,
     MalformedEventError,
     RegistryUnavailableError,
     SlotActiveError,
@@ -290,8 +291,7 @@ class Pipeline:
             topic, encode = route
             value = encode(payload)
         except EventError as exc:
-            original = self.router.topic(aggregate_type.decode(), event_type.decode())
-            self._dead_letter(event_from_fields(fields), exc, original)
+            self._dead_letter(event_from_fields(fields), exc, self._topic_or_none(aggregate_type, event_type))
             return
         headers: Headers = [
             ("id", id_),
@@ -323,7 +323,13 @@ class Pipeline:
 
     def _route_for(self, aggregate_type: bytes, event_type: bytes, version: bytes) -> _Route:
         """Topic and bound encoder of one (aggregate type, event type, version); cached when it works."""
-        at, et, v = aggregate_type.decode(), event_type.decode(), int(version)
+        try:
+            at, et = aggregate_type.decode(), event_type.decode()
+        except UnicodeDecodeError:
+            raise InvalidTopicError(
+                "the aggregate type or event type is not UTF-8: it makes no topic"
+            ) from None
+        v = int(version)
         topic = self.router.topic(at, et)
         encode = self.encoder.encoder_for(et, v)  # the schema file first: a missing one is the event's fault
         if self.registry is not None:
@@ -331,6 +337,13 @@ class Pipeline:
         self._ensure_topic(topic)
         route = self._routes[(aggregate_type, event_type, version)] = (topic, encode)
         return route
+
+    def _topic_or_none(self, aggregate_type: bytes, event_type: bytes) -> str:
+        """The topic a dead-lettered event was meant for, or "" when its names make none."""
+        try:
+            return self.router.topic(aggregate_type.decode(), event_type.decode())
+        except (InvalidTopicError, UnicodeDecodeError):
+            return ""
 
     def _schema_id(self, topic: str, event_type: str, version: int) -> int:
         """The registry's id for the schema; while the registry is down the event waits, with backoff."""

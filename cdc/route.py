@@ -12,6 +12,7 @@ Column values arrive as the text output of their types (bytes). The payload stay
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -21,11 +22,12 @@ import orjson
 
 from cdc.config import ColumnMap, Settings
 from cdc.decode import UNCHANGED_TOAST, Relation, Values
-from cdc.errors import ConfigError, MalformedEventError
+from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError
 
 log = logging.getLogger("cdc.route")
 
 MESSAGE_PREFIX = "outbox"
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 REQUIRED = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
 
 
@@ -150,12 +152,24 @@ class EventRouter:
         )
 
     def topic(self, aggregate_type: str, event_type: str) -> str:
+        """The event's topic. Its names come from the row, so a name that makes no legal topic (a space,
+        a '/', non-ASCII, over 249 characters) is the event's fault: InvalidTopicError, never cached."""
         key = (aggregate_type, event_type)
         topic = self._topics.get(key)
         if topic is None:
             topic = self._template.format(aggregate_type=aggregate_type, event_type=event_type)
+            if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+                raise InvalidTopicError(
+                    f"aggregate type {_shown(aggregate_type)} and event type {_shown(event_type)} make the "
+                    f"topic name {_shown(topic)}, which Kafka does not accept ([A-Za-z0-9._-], 1 to 249)"
+                )
             self._topics[key] = topic
         return topic
+
+
+def _shown(name: str) -> str:
+    """A name from a row, quoted for a message and cut short: it may be anything, of any length."""
+    return repr(name if len(name) <= 60 else name[:57] + "...")
 
 
 def _no_relation_yet(values: Values) -> Any:
@@ -164,11 +178,12 @@ def _no_relation_yet(values: Values) -> Any:
 
 def event_from_fields(fields: RowFields) -> OutboxEvent:
     id_, aggregate_type, aggregate_id, event_type, version, payload, headers = fields
+    # For the dead-letter path too: a name that is not UTF-8 is shown with replacement characters.
     return OutboxEvent(
-        id_.decode(),
-        aggregate_type.decode(),
+        id_.decode(errors="replace"),
+        aggregate_type.decode(errors="replace"),
         aggregate_id,
-        event_type.decode(),
+        event_type.decode(errors="replace"),
         int(version),
         payload,
         parse_headers(headers) if headers is not None else (),

@@ -53,3 +53,23 @@ def test_a_rows_id_header_never_passes_for_the_event_id(outbox, pipeline_process
     assert [r.headers["id"].decode() for r in records] == [e.id for e in events]
     assert all(r.headers["row_id"] == b"req-42" and r.headers["traceparent"] == b"00-abc" for r in records)
     assert proc.terminate() == 0
+
+
+def test_an_aggregate_type_that_makes_no_topic_is_a_dead_letter_and_the_stream_goes_on(
+    outbox, pipeline_process, consume
+):
+    proc = pipeline_process()
+    proc.wait_streaming()
+    bad_types = ["order line", "x" * 300, "ordér"]
+    txns = []
+    for i, bad in enumerate(bad_types):
+        txns.append(outbox.commit([outbox.event(f"t-{i}", aggregate_type=bad), outbox.event(f"t-{i}")]))
+    dead = consume(outbox.dlq_topic, len(bad_types), timeout=30)
+    assert sorted(r.headers["id"].decode() for r in dead) == sorted(t.ids[0] for t in txns)
+    assert {r.headers["error_reason"] for r in dead} == {b"invalid_topic"}
+    assert all(r.headers["original_topic"] == b"" for r in dead)
+    good = consume(outbox.topic("order"), len(bad_types), timeout=30)
+    assert sorted(r.headers["id"].decode() for r in good) == sorted(t.ids[1] for t in txns)
+    wait_until(lambda: outbox.confirmed_lsn() >= txns[-1].lsn_after, 30, "the last transaction confirmed")
+    assert proc.alive(), proc.tail()
+    assert proc.terminate() == 0

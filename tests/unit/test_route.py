@@ -5,7 +5,7 @@ import pytest
 
 from cdc.config import load_settings
 from cdc.decode import UNCHANGED_TOAST, Column, Relation
-from cdc.errors import ConfigError, MalformedEventError
+from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError
 from cdc.route import EventRouter, event_from_fields
 
 DEFAULT_COLUMNS = [
@@ -172,3 +172,27 @@ def test_a_rows_headers_cannot_take_the_name_of_a_system_header():
         ("row_error_reason", b"r"),
         ("n", b"3"),
     )
+
+
+@pytest.mark.parametrize("aggregate_type", ["order line", "x" * 300, "ordér", "a/b"])
+def test_an_aggregate_type_that_makes_no_topic_name_is_the_events_fault(aggregate_type):
+    r = router()
+    with pytest.raises(InvalidTopicError) as info:
+        r.topic(aggregate_type, "OrderPlaced")
+    assert info.value.reason == "invalid_topic"
+    assert len(str(info.value)) < 300, "the message quotes at most the start of a long name"
+
+
+def test_a_failing_topic_is_not_cached_and_a_good_one_is():
+    r = router()
+    assert r.topic("order", "OrderPlaced") == r.topic("order", "OrderPlaced")
+    for _ in range(3):
+        with pytest.raises(InvalidTopicError):
+            r.topic("order line", "OrderPlaced")
+    assert list(r._topics) == [("order", "OrderPlaced")]
+
+
+def test_an_event_with_undecodable_names_still_becomes_a_dead_letter_event():
+    fields = (b"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", b"ord\xe9r", b"o-1", b"Order\xff", b"1", b"{}", None)
+    event = event_from_fields(fields)
+    assert event.aggregate_type == "ord\ufffdr" and event.event_type == "Order\ufffd"

@@ -51,6 +51,11 @@ class PipelineCollector(Collector):
         yield dead
         yield CounterMetricFamily("cdc_delivery_errors", "Deliveries Kafka refused", value=p.delivery_errors)
         yield CounterMetricFamily("cdc_reconnects", "Reconnections to PostgreSQL", value=p.reconnects)
+        yield CounterMetricFamily(
+            "cdc_ignored_outbox_messages",
+            "Non-transactional 'outbox' logical messages, which are not events",
+            value=p.ignored_messages,
+        )
         yield GaugeMetricFamily(
             "cdc_confirmed_lsn", "LSN confirmed to the slot", value=p.tracker.confirmed_lsn
         )

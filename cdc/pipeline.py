@@ -118,6 +118,7 @@ class Pipeline:
         self.published_by_topic: defaultdict[str, int] = defaultdict(int)
         self.dead_lettered_by_reason: defaultdict[str, int] = defaultdict(int)
         self.delivery_errors = 0
+        self.ignored_messages = 0  # non-transactional 'outbox' logical messages: not events
         self.reconnects = 0
         self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
         self.heartbeat = Heartbeat(settings)
@@ -274,7 +275,7 @@ class Pipeline:
         try:
             fields = self.router.row_fields(values)
         except MalformedEventError as exc:
-            self._dead_letter_raw(exc)
+            self._dead_letter_raw(exc, self.router.salvage(values))
             return
         self._emit(fields)
 
@@ -377,16 +378,20 @@ class Pipeline:
                 self.heartbeat.came_back()
             elif message.prefix == MESSAGE_PREFIX:
                 if not message.transactional or self._txn is None:
+                    # No transaction to tie it to, so nothing to confirm it with: not an event. Counted,
+                    # so that a producer that forgets `transactional => true` shows on /metrics.
+                    self.ignored_messages += 1
                     log.warning(
-                        "ignored a non-transactional 'outbox' message at %s: only transactional "
-                        "messages are events",
+                        "ignored a non-transactional 'outbox' message at %s (%d so far): only "
+                        "transactional messages are events; emit it with pg_logical_emit_message(true, ...)",
                         format_lsn(message.lsn),
+                        self.ignored_messages,
                     )
                     return
                 try:
                     fields = self.router.message_fields(message.content)
                 except MalformedEventError as exc:
-                    self._dead_letter_raw(exc)
+                    self._dead_letter_raw(exc, self.router.salvage_message(message.content))
                     return
                 self._emit(fields)
         elif isinstance(message, Update | Delete | Truncate):
@@ -416,14 +421,27 @@ class Pipeline:
         payload = None if isinstance(exc, EventTooLargeError) else event.payload
         self._send_dead_letter(event.aggregate_id, payload, headers)
 
-    def _dead_letter_raw(self, exc: MalformedEventError) -> None:
+    def _dead_letter_raw(self, exc: MalformedEventError, salvaged: dict[str, bytes]) -> None:
+        """A change that is no valid event, dead-lettered with every field that could be read of it (key,
+        payload, id, types, headers): the outbox may be pruned before anyone looks."""
         if self.settings.on_invalid_event == "stop":
             raise exc
         self.dead_lettered_by_reason[exc.reason] += 1
+        event_id = salvaged.get("id", b"").decode(errors="replace")
         log.warning(
-            "a malformed outbox change goes to the dead-letter topic %s: %s", self.settings.dlq_topic, exc
+            "a malformed outbox change (event %s) goes to the dead-letter topic %s: %s",
+            event_id or "without an id",
+            self.settings.dlq_topic,
+            exc,
         )
-        self._send_dead_letter(None, None, self._dlq_headers(exc, "", ""))
+        headers = self._dlq_headers(exc, "", event_id)
+        headers += [
+            (f, salvaged[f]) for f in ("event_type", "schema_version", "aggregate_type") if f in salvaged
+        ]
+        raw_headers = salvaged.get("headers")
+        if raw_headers is not None:
+            headers += parse_headers(raw_headers)
+        self._send_dead_letter(salvaged.get("aggregate_id"), salvaged.get("payload"), headers)
 
     def _dlq_headers(self, exc: EventError, original_topic: str, event_id: str) -> Headers:
         return [

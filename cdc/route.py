@@ -29,6 +29,7 @@ log = logging.getLogger("cdc.route")
 MESSAGE_PREFIX = "outbox"
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 REQUIRED = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
+_NAMES = ("id", "aggregate_type", "aggregate_id", "event_type")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class EventRouter:
         self._required: Callable[[Values], Any] = _no_relation_yet
         self._pos_version: int | None = None
         self._pos_headers: int | None = None
+        self._salvage: dict[str, int] = {}  # logical field -> position, for salvage()
 
     def relation(self, rel: Relation) -> bool:
         """Learn a relation's layout. Returns whether it is the outbox table."""
@@ -86,8 +88,36 @@ class EventRouter:
         self._required = itemgetter(*self._pos)
         self._pos_version = position("schema_version")
         self._pos_headers = position("headers")
+        optional = {"schema_version": self._pos_version, "headers": self._pos_headers}
+        self._salvage = {
+            f: p for f, p in (*zip(REQUIRED, required, strict=True), *optional.items()) if p is not None
+        }
         self.outbox_oid = rel.oid
         return True
+
+    def salvage(self, values: Values) -> dict[str, bytes]:
+        """Whatever can be read of a row that is not a valid event, by logical field: its dead-letter record
+        keeps it, for the outbox may be pruned by the time anyone looks."""
+        out: dict[str, bytes] = {}
+        for field, pos in self._salvage.items():
+            value = values[pos] if pos < len(values) else None
+            if isinstance(value, bytes):
+                out[field] = value
+        return out
+
+    @staticmethod
+    def salvage_message(content: bytes) -> dict[str, bytes]:
+        """The same for an ``outbox`` logical message that is not a valid event: its text fields that are
+        strings, and the whole body as its payload."""
+        out: dict[str, bytes] = {}
+        try:
+            body = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            body = None
+        if isinstance(body, dict):
+            out = {f: v.encode() for f in _NAMES if isinstance(v := body.get(f), str)}
+        out["payload"] = content
+        return out
 
     def row_fields(self, values: Values) -> RowFields:
         """The raw fields of one outbox Insert, as PostgreSQL sent them (text output, bytes):

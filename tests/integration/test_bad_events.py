@@ -3,7 +3,13 @@ topic without its payload; and a team that would rather stop than skip sets on_i
 
 from __future__ import annotations
 
-from tests.plugins.pipeline import order_placed, topic_size, wait_until
+import json
+import uuid
+
+import psycopg
+
+from tests.integration.test_metrics import get, metric
+from tests.plugins.pipeline import free_port, order_placed, topic_size, wait_until
 
 
 def test_an_event_above_message_max_bytes_goes_to_the_dlq_without_its_payload(
@@ -72,4 +78,47 @@ def test_an_aggregate_type_that_makes_no_topic_is_a_dead_letter_and_the_stream_g
     assert sorted(r.headers["id"].decode() for r in good) == sorted(t.ids[1] for t in txns)
     wait_until(lambda: outbox.confirmed_lsn() >= txns[-1].lsn_after, 30, "the last transaction confirmed")
     assert proc.alive(), proc.tail()
+    assert proc.terminate() == 0
+
+
+def test_a_malformed_change_is_dead_lettered_with_everything_that_could_be_read(
+    outbox, pipeline_process, consume
+):
+    """A row with a null aggregate_id and a logical message that lacks fields: their dead letters keep id,
+    types, payload and headers, so that a pruned outbox loses nothing of them. A non-transactional 'outbox'
+    message is no event: counted on /metrics and logged with its LSN."""
+    port = free_port()
+    proc = pipeline_process(CDC_METRICS_PORT=str(port))
+    proc.wait_streaming()
+    table = psycopg.sql.Identifier(outbox.table)
+    outbox.conn.execute(
+        psycopg.sql.SQL("ALTER TABLE {} ALTER COLUMN aggregate_id DROP NOT NULL").format(table)
+    )
+    row_id = str(uuid.uuid4())
+    payload = json.dumps(order_placed("o-null"))
+    with outbox.conn.transaction():
+        outbox.conn.execute(
+            psycopg.sql.SQL(
+                "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, schema_version, payload,"
+                " headers) VALUES (%s, 'order', NULL, 'OrderPlaced', 1, %s, %s)"
+            ).format(table),
+            (row_id, payload, json.dumps({"traceparent": "00-abc"})),
+        )
+        body = json.dumps({"id": "m-1", "aggregate_type": "order", "payload": {"a": 1}})
+        outbox.conn.execute("SELECT pg_logical_emit_message(true, 'outbox', %s)", (body,))
+    lsn = outbox.conn.execute("SELECT pg_logical_emit_message(false, 'outbox', '{}')::text").fetchone()[0]
+    good = outbox.commit([outbox.event("g-1")])
+    dead = {r.headers["id"].decode(): r for r in consume(outbox.dlq_topic, 2, timeout=30)}
+    assert set(dead) == {row_id, "m-1"}
+    row = dead[row_id]
+    assert row.headers["error_reason"] == b"malformed_event"
+    assert (row.headers["event_type"], row.headers["aggregate_type"]) == (b"OrderPlaced", b"order")
+    assert row.headers["traceparent"] == b"00-abc"
+    assert json.loads(row.value) == json.loads(payload)
+    message = dead["m-1"]
+    assert json.loads(message.value) == json.loads(body) and message.headers["aggregate_type"] == b"order"
+    assert len(consume(outbox.topic("order"), 1, timeout=30)) == 1
+    wait_until(lambda: outbox.confirmed_lsn() >= good.lsn_after, 30, "the good event confirmed")
+    assert f"ignored a non-transactional 'outbox' message at {lsn.upper()}" in proc.log()
+    assert metric(get(port, "/metrics")[1], "cdc_ignored_outbox_messages_total") == 1
     assert proc.terminate() == 0

@@ -196,3 +196,30 @@ def test_an_event_with_undecodable_names_still_becomes_a_dead_letter_event():
     fields = (b"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", b"ord\xe9r", b"o-1", b"Order\xff", b"1", b"{}", None)
     event = event_from_fields(fields)
     assert event.aggregate_type == "ord\ufffdr" and event.event_type == "Order\ufffd"
+
+
+def test_what_can_be_read_of_a_malformed_row_is_kept_for_its_dead_letter():
+    r = router()
+    r.relation(relation(DEFAULT_COLUMNS))
+    values = row(aggregate_id=None)
+    with pytest.raises(MalformedEventError):
+        r.row_fields(values)
+    assert r.salvage(values) == {
+        "id": b"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+        "aggregate_type": b"order",
+        "event_type": b"OrderPlaced",
+        "schema_version": b"2",
+        "payload": b'{"a": 1}',
+        "headers": b'{"traceparent": "00-abc", "n": 3}',
+    }
+    assert router().salvage(values) == {}  # before the Relation message: nothing can be told apart
+
+
+def test_what_can_be_read_of_a_malformed_message_is_kept_for_its_dead_letter():
+    body = orjson.dumps({"id": "m-1", "aggregate_type": "order", "event_type": 7, "payload": {"a": 1}})
+    assert router().salvage_message(body) == {
+        "id": b"m-1",
+        "aggregate_type": b"order",
+        "payload": body,
+    }
+    assert router().salvage_message(b"not json") == {"payload": b"not json"}

@@ -147,6 +147,7 @@ class Settings:
     columns: ColumnMap = field(default_factory=ColumnMap)
     schemas_dir: Path = Path("schemas")
     topic_template: str = "outbox.event.{aggregate_type}"
+    aggregate_types: tuple[str, ...] | None = None  # an allow-list; None: any
     dlq_topic: str = "outbox.dlq"
     value_format: str = "single-object"
     schema_registry_url: str | None = None
@@ -399,6 +400,15 @@ def _coerce(key: str, value: object, where: str) -> object:
         if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
             raise _fail(key, where, "a port number (1-65535)" if high else "a whole number >= 1", value)
         return value
+    if kind.startswith("tuple"):
+        items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+        if (
+            not isinstance(items, list | tuple)
+            or not items
+            or not all(isinstance(v, str) and v for v in items)
+        ):
+            raise _fail(key, where, "a non-empty list of names (in the environment: comma-separated)", value)
+        return tuple(items)
     if kind == "bool":
         text = str(value).strip().lower()
         if isinstance(value, bool) or text in ("true", "false", "1", "0", "yes", "no", "on", "off"):

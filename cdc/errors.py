@@ -23,6 +23,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── PayloadInvalidError       the payload does not fit its schema (or is not JSON)
 │   ├── SchemaRejectedError       the schema registry refused the event's schema (incompatible, invalid)
 │   ├── InvalidTopicError         the event's aggregate / event type makes no legal Kafka topic name
+│   ├── AggregateTypeNotAllowedError  the aggregate type is not in the aggregate_types allow-list
 │   └── EventTooLargeError        the encoded record is above the producer's message.max.bytes
 ├── SinkError                     the Kafka side
 │   ├── TopicMissingError         the topic does not exist and may not be created
@@ -42,6 +43,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 from __future__ import annotations
 
 __all__ = [
+    "AggregateTypeNotAllowedError",
     "BrokerUnreachableError",
     "CdcError",
     "CheckpointError",
@@ -176,6 +178,10 @@ class EventTooLargeError(EventError):
 
 class InvalidTopicError(EventError):
     reason = "invalid_topic"
+
+
+class AggregateTypeNotAllowedError(EventError):
+    reason = "aggregate_type_not_allowed"
 
 
 class SinkError(CdcError):

@@ -39,6 +39,7 @@ from cdc.decode import (
 )
 from cdc.encode import AvroEncoder, SchemaStore, confluent_header
 from cdc.errors import (
+    AggregateTypeNotAllowedError,
     CdcError,
     DeliveryError,
     EventError,
@@ -67,7 +68,13 @@ delivery_log = logging.getLogger("cdc.delivery")
 READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
 STATUS_MIN_INTERVAL = 0.1  # seconds between status updates that only report a moved watermark
 
-_Route = tuple[str, Callable[[bytes], bytes]]
+# (topic, bound encoder, metric series): the series is the topic, or OTHER_TOPICS past MAX_TOPIC_SERIES.
+_Route = tuple[str, Callable[[bytes], bytes], str]
+# The route cache and the metric series are keyed by values the rows bring: bounded, so that a stream of new
+# aggregate types (a bug upstream, or an allow-list left off) cannot grow the process without end.
+MAX_ROUTES = 10_000
+MAX_TOPIC_SERIES = 1_000
+OTHER_TOPICS = "(other topics)"
 _T = TypeVar("_T")
 
 
@@ -289,7 +296,7 @@ class Pipeline:
         try:
             if route is None:
                 route = self._route_for(aggregate_type, event_type, version)
-            topic, encode = route
+            topic, encode, series = route
             value = encode(payload)
         except EventError as exc:
             self._dead_letter(event_from_fields(fields), exc, self._topic_or_none(aggregate_type, event_type))
@@ -320,7 +327,7 @@ class Pipeline:
             return
         # Counted once handed over: its delivery report can only come from a later poll().
         txn.sent()
-        self.published_by_topic[topic] += 1
+        self.published_by_topic[series] += 1
 
     def _route_for(self, aggregate_type: bytes, event_type: bytes, version: bytes) -> _Route:
         """Topic and bound encoder of one (aggregate type, event type, version); cached when it works."""
@@ -330,13 +337,24 @@ class Pipeline:
             raise InvalidTopicError(
                 "the aggregate type or event type is not UTF-8: it makes no topic"
             ) from None
+        allowed = self.settings.aggregate_types
+        if allowed is not None and at not in allowed:
+            raise AggregateTypeNotAllowedError(
+                f"aggregate type {at[:60]!r} is not in the aggregate_types allow-list"
+            )
         v = int(version)
         topic = self.router.topic(at, et)
         encode = self.encoder.encoder_for(et, v)  # the schema file first: a missing one is the event's fault
         if self.registry is not None:
             encode = self.encoder.encoder_for(et, v, header=confluent_header(self._schema_id(topic, et, v)))
         self._ensure_topic(topic)
-        route = self._routes[(aggregate_type, event_type, version)] = (topic, encode)
+        routes = self._routes
+        if len(routes) >= MAX_ROUTES:
+            del routes[next(iter(routes))]  # the oldest: a route is cheap to make again
+        published = self.published_by_topic
+        series = topic if topic in published or len(published) < MAX_TOPIC_SERIES else OTHER_TOPICS
+        published.setdefault(series, 0)
+        route = routes[(aggregate_type, event_type, version)] = (topic, encode, series)
         return route
 
     def _topic_or_none(self, aggregate_type: bytes, event_type: bytes) -> str:

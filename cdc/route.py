@@ -28,6 +28,7 @@ log = logging.getLogger("cdc.route")
 
 MESSAGE_PREFIX = "outbox"
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+MAX_TOPICS = 10_000  # the topic cache is keyed by the rows' free text: bounded
 REQUIRED = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")
 _NAMES = ("id", "aggregate_type", "aggregate_id", "event_type")
 
@@ -193,7 +194,10 @@ class EventRouter:
                     f"aggregate type {_shown(aggregate_type)} and event type {_shown(event_type)} make the "
                     f"topic name {_shown(topic)}, which Kafka does not accept ([A-Za-z0-9._-], 1 to 249)"
                 )
-            self._topics[key] = topic
+            topics = self._topics
+            if len(topics) >= MAX_TOPICS:
+                del topics[next(iter(topics))]
+            topics[key] = topic
         return topic
 
 

@@ -122,3 +122,15 @@ def test_a_malformed_change_is_dead_lettered_with_everything_that_could_be_read(
     assert f"ignored a non-transactional 'outbox' message at {lsn.upper()}" in proc.log()
     assert metric(get(port, "/metrics")[1], "cdc_ignored_outbox_messages_total") == 1
     assert proc.terminate() == 0
+
+
+def test_an_aggregate_type_outside_the_allow_list_is_a_dead_letter(outbox, pipeline_process, consume):
+    proc = pipeline_process(CDC_AGGREGATE_TYPES="order")
+    proc.wait_streaming()
+    txn = outbox.commit([outbox.event("a-1", aggregate_type="invoice"), outbox.event("a-1")])
+    dead = consume(outbox.dlq_topic, 1, timeout=30)
+    assert [r.headers["id"].decode() for r in dead] == [txn.ids[0]]
+    assert dead[0].headers["error_reason"] == b"aggregate_type_not_allowed"
+    assert [r.headers["id"].decode() for r in consume(outbox.topic("order"), 1, timeout=30)] == [txn.ids[1]]
+    wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the transaction confirmed")
+    assert proc.terminate() == 0

@@ -555,3 +555,18 @@ def test_a_dsn_libpq_cannot_read_is_refused_without_a_fragment_of_it(tmp_path: P
     assert "2secret" not in str(err) and "abc" not in str(err)
     assert err.__cause__ is None and err.__suppress_context__
     assert "2secret" not in redact_dsn(dsn) and "abc" not in redact_dsn(dsn)
+
+
+def test_an_allow_list_of_aggregate_types_from_toml_or_environment(tmp_path: Path) -> None:
+    assert load(tmp_path).aggregate_types is None
+    assert load(tmp_path, toml='aggregate_types = ["order", "invoice"]').aggregate_types == (
+        "order",
+        "invoice",
+    )
+    assert load(tmp_path, env={"CDC_AGGREGATE_TYPES": "order, invoice"}).aggregate_types == (
+        "order",
+        "invoice",
+    )
+    err = rejected(tmp_path, toml="aggregate_types = [1]")
+    assert err.key == "aggregate_types"
+    assert rejected(tmp_path, toml="aggregate_types = []").key == "aggregate_types"

@@ -73,6 +73,11 @@ _Route = tuple[str, Callable[[bytes], bytes], str]
 # The route cache and the metric series are keyed by values the rows bring: bounded, so that a stream of new
 # aggregate types (a bug upstream, or an allow-list left off) cannot grow the process without end.
 MAX_ROUTES = 10_000
+# A dead-letter record too large for Kafka is sent reduced: what is left of it always fits.
+REDUCED_HEADER = "cdc_reduced"
+REDUCED_NOTE = b"the record was too large: key cut to 256 bytes, value and row headers left out"
+REDUCED_KEY_BYTES = 256
+REDUCED_HEADER_BYTES = 1024
 MAX_TOPIC_SERIES = 1_000
 OTHER_TOPICS = "(other topics)"
 _T = TypeVar("_T")
@@ -420,7 +425,6 @@ class Pipeline:
     def _dead_letter(self, event: OutboxEvent, exc: EventError, original_topic: str) -> None:
         if self.settings.on_invalid_event == "stop":
             raise exc
-        self.dead_lettered_by_reason[exc.reason] += 1
         log.warning(
             "event %s (%s v%d) goes to the dead-letter topic %s: %s",
             event.id,
@@ -434,17 +438,15 @@ class Pipeline:
             ("event_type", event.event_type.encode()),
             ("schema_version", str(event.schema_version).encode()),
             ("aggregate_type", event.aggregate_type.encode()),
-            *event.headers,
         ]
         payload = None if isinstance(exc, EventTooLargeError) else event.payload
-        self._send_dead_letter(event.aggregate_id, payload, headers)
+        self._send_dead_letter(exc.reason, event.aggregate_id, payload, headers, list(event.headers))
 
     def _dead_letter_raw(self, exc: MalformedEventError, salvaged: dict[str, bytes]) -> None:
         """A change that is no valid event, dead-lettered with every field that could be read of it (key,
         payload, id, types, headers): the outbox may be pruned before anyone looks."""
         if self.settings.on_invalid_event == "stop":
             raise exc
-        self.dead_lettered_by_reason[exc.reason] += 1
         event_id = salvaged.get("id", b"").decode(errors="replace")
         log.warning(
             "a malformed outbox change (event %s) goes to the dead-letter topic %s: %s",
@@ -457,9 +459,10 @@ class Pipeline:
             (f, salvaged[f]) for f in ("event_type", "schema_version", "aggregate_type") if f in salvaged
         ]
         raw_headers = salvaged.get("headers")
-        if raw_headers is not None:
-            headers += parse_headers(raw_headers)
-        self._send_dead_letter(salvaged.get("aggregate_id"), salvaged.get("payload"), headers)
+        row_headers: Headers = list(parse_headers(raw_headers)) if raw_headers is not None else []
+        self._send_dead_letter(
+            exc.reason, salvaged.get("aggregate_id"), salvaged.get("payload"), headers, row_headers
+        )
 
     def _dlq_headers(self, exc: EventError, original_topic: str, event_id: str) -> Headers:
         return [
@@ -472,7 +475,13 @@ class Pipeline:
             ("id", event_id.encode()),
         ]
 
-    def _send_dead_letter(self, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+    def _send_dead_letter(
+        self, reason: str, key: bytes | None, value: bytes | None, headers: Headers, row_headers: Headers
+    ) -> None:
+        """The dead-letter record: ``headers`` (ours: reason, id, types), then the event's own. When even
+        that is too large (a huge key or row headers), a reduced record goes instead, one that always fits:
+        the key cut short, no value, no row headers, every header value cut short, and a note of what is
+        missing. Counted once handed over."""
         txn = self._txn
         if txn is None:
             raise CdcError("a dead-letter event arrived outside a transaction", lsn=self._received)
@@ -481,8 +490,17 @@ class Pipeline:
         on_delivery: DeliveryCallback = txn.delivered
         if self._trace:
             on_delivery = _traced(on_delivery, next((v for k, v in headers if k == "id"), None))
-        self.sink.produce(topic, key, value, headers, self._txn_ts_ms, on_delivery, self._keep_alive)
+        produce, ts, keep_alive = self.sink.produce, self._txn_ts_ms, self._keep_alive
+        try:
+            produce(topic, key, value, headers + row_headers, ts, on_delivery, keep_alive)
+        except EventTooLargeError:
+            reduced: Headers = [(k, v[:REDUCED_HEADER_BYTES] if v else v) for k, v in headers]
+            reduced.append((REDUCED_HEADER, REDUCED_NOTE))
+            produce(
+                topic, key[:REDUCED_KEY_BYTES] if key else key, None, reduced, ts, on_delivery, keep_alive
+            )
         txn.sent()
+        self.dead_lettered_by_reason[reason] += 1
 
     # -- waiting and status ----------------------------------------------------------------------------
 

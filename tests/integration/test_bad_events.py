@@ -134,3 +134,31 @@ def test_an_aggregate_type_outside_the_allow_list_is_a_dead_letter(outbox, pipel
     assert [r.headers["id"].decode() for r in consume(outbox.topic("order"), 1, timeout=30)] == [txn.ids[1]]
     wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the transaction confirmed")
     assert proc.terminate() == 0
+
+
+def test_a_dead_letter_too_large_for_kafka_goes_reduced_and_the_stream_goes_on(
+    outbox, pipeline_process, consume
+):
+    """A 2 MB key (the event is too large itself) and 2 MB of row headers on an invalid payload: neither
+    dead-letter record fits as it is, so each goes reduced (the key cut short, no value, no row headers),
+    with its id and reason; the good event after them arrives, and the pipeline never exits."""
+    proc = pipeline_process()
+    proc.wait_streaming()
+    huge_key = outbox.event("k" * 2_000_000)
+    huge_headers = outbox.event(
+        "h-1", order_placed("o-h", amount_cents="many"), headers={"blob": "x" * 2_000_000}
+    )
+    txn = outbox.commit([huge_key, huge_headers, outbox.event("h-1")])
+    dead = {r.headers["id"].decode(): r for r in consume(outbox.dlq_topic, 2, timeout=60)}
+    assert set(dead) == {huge_key.id, huge_headers.id}
+    assert dead[huge_key.id].headers["error_reason"] == b"too_large"
+    assert dead[huge_headers.id].headers["error_reason"] == b"payload_invalid"
+    for record in dead.values():
+        assert b"too large" in record.headers["cdc_reduced"]
+        assert record.value is None and "blob" not in record.headers
+        assert record.key is None or len(record.key) <= 256
+    good = consume(outbox.topic("order"), 1, timeout=30)
+    assert [r.headers["id"].decode() for r in good] == [txn.ids[2]]
+    wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the transaction confirmed")
+    assert proc.alive(), proc.tail()
+    assert proc.terminate() == 0

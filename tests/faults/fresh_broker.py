@@ -26,7 +26,6 @@ missing, 1 otherwise, 2 on a setup error.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import logging
 import os
@@ -47,9 +46,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from tests.plugins.pipeline import format_broker
+
 ROOT = Path(__file__).resolve().parents[2]
 LIBS = Path(os.environ.get("CDC_STACK_KAFKA_LIBS", ROOT / ".stack" / "kafka" / "libs"))
-TEMPLATE = ROOT / "stack" / "kafka" / "server.properties.in"
 LOG4J = ROOT / "stack" / "kafka" / "log4j2.properties"
 FORBIDDEN_PORTS = {55432, 59092, 59093, 58081}  # the project's stack
 PID_WARNING = "Failed to acquire idempotence PID"
@@ -114,11 +114,6 @@ def port_open(port: int) -> bool:
         return False
 
 
-def cluster_id() -> str:
-    """What StorageTool random-uuid prints (a URL-safe base64 UUID without padding), without a JVM."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
-
 class Broker:
     def __init__(self, port: int, controller_port: int, heap: str) -> None:
         self.port, self.controller_port = port, controller_port
@@ -132,31 +127,7 @@ class Broker:
         self.t_spawn = self.t_port = self.t_started = 0.0
 
     def format(self) -> None:
-        self.data.mkdir()
-        self.props.write_text(
-            TEMPLATE.read_text()
-            .replace("@PORT@", str(self.port))
-            .replace("@CONTROLLER_PORT@", str(self.controller_port))
-            .replace("@DATA_DIR@", str(self.data))
-        )
-        with open(self.home / "format.log", "wb") as out:
-            subprocess.run(
-                [
-                    *self.java,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "--standalone",
-                    "-t",
-                    cluster_id(),
-                    "-c",
-                    str(self.props),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                check=True,
-                timeout=120,
-            )
+        self.props = format_broker(self.java, self.home, self.port, self.controller_port)
 
     def spawn(self) -> None:
         for p in (self.port, self.controller_port):

@@ -586,6 +586,39 @@ def pipeline_process(
 # -- a private Kafka broker ----------------------------------------------------------------------------------
 
 
+def format_broker(java: list[str], home: Path, port: int, controller_port: int) -> Path:
+    """A single-node KRaft broker's server.properties in ``home`` (the stack's template on these ports, data
+    in ``home/data``), its storage formatted; returns the properties file."""
+    data = home / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    properties = home / "server.properties"
+    template = (ROOT / "stack" / "kafka" / "server.properties.in").read_text()
+    properties.write_text(
+        template.replace("@PORT@", str(port))
+        .replace("@CONTROLLER_PORT@", str(controller_port))
+        .replace("@DATA_DIR@", str(data))
+    )
+    with open(home / "format.log", "wb") as out:
+        subprocess.run(
+            [
+                *java,
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                _cluster_id(),
+                "-c",
+                str(properties),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            check=True,
+            timeout=120,
+        )
+    return properties
+
+
 def _cluster_id() -> str:
     """A KRaft cluster id like `kafka-storage random-uuid` makes: 16 random bytes, base64url, no padding."""
     while True:
@@ -605,15 +638,7 @@ class PrivateKafka:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.home = home
         self.data = home / "data"
-        self.data.mkdir(parents=True)
         self.log_path = home / "kafka.log"
-        self.properties = home / "server.properties"
-        template = (ROOT / "stack" / "kafka" / "server.properties.in").read_text()
-        self.properties.write_text(
-            template.replace("@PORT@", str(self.port))
-            .replace("@CONTROLLER_PORT@", str(self.controller_port))
-            .replace("@DATA_DIR@", str(self.data))
-        )
         self.java = [
             "java",
             "-Xms128m",
@@ -627,23 +652,7 @@ class PrivateKafka:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        with open(home / "format.log", "wb") as out:
-            subprocess.run(
-                [
-                    *self.java,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "--standalone",
-                    "-t",
-                    _cluster_id(),
-                    "-c",
-                    str(self.properties),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                check=True,
-                timeout=120,
-            )
+        self.properties = format_broker(self.java, home, self.port, self.controller_port)
 
     def describe(self) -> str:
         state = "running" if self.proc is not None and self.proc.poll() is None else "stopped"

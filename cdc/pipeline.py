@@ -73,13 +73,13 @@ _Route = tuple[str, Callable[[bytes], bytes], str]
 # The route cache and the metric series are keyed by values the rows bring: bounded, so that a stream of new
 # aggregate types (a bug upstream, or an allow-list left off) cannot grow the process without end.
 MAX_ROUTES = 10_000
+MAX_TOPIC_SERIES = 1_000
+OTHER_TOPICS = "(other topics)"
 # A dead-letter record too large for Kafka is sent reduced: what is left of it always fits.
 REDUCED_HEADER = "cdc_reduced"
 REDUCED_NOTE = b"the record was too large: key cut to 256 bytes, value and row headers left out"
 REDUCED_KEY_BYTES = 256
 REDUCED_HEADER_BYTES = 1024
-MAX_TOPIC_SERIES = 1_000
-OTHER_TOPICS = "(other topics)"
 _T = TypeVar("_T")
 
 

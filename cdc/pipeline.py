@@ -529,12 +529,18 @@ class Pipeline:
             return result
 
     def _keep_alive(self) -> None:
-        """Called while waiting on Kafka: keep the replication connection's status updates flowing."""
+        """Called while waiting on Kafka (a full producer queue, a missing topic, the registry): keep the
+        status updates flowing, and confirm a moved watermark as often as the stream loop does. A full
+        queue is where acknowledgements arrive fastest; left unconfirmed, a kill -9 would publish them
+        again, beyond the in-flight window."""
         if self._stop:
             raise _StopRequested
         source = self._source
-        if source is not None and time.monotonic() - source.last_status_at >= min(
-            1.0, self.settings.status_interval
+        if source is None:
+            return
+        since = time.monotonic() - source.last_status_at
+        if since >= min(1.0, self.settings.status_interval) or (
+            self.tracker.confirmed_lsn != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
         ):
             self._send_status()
 

@@ -98,7 +98,11 @@ class Supervisor:
                 return False
             self._killed_by_us = True
             self._delay = restart_after
-            os.kill(proc.pid, signal.SIGKILL)
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it exited by itself a moment ago, and was reaped: not our kill
+                self._killed_by_us = False
+                return False
             self.kills += 1
             return True
 

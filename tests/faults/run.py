@@ -28,7 +28,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -46,7 +45,7 @@ from tests.faults.load import AGGREGATE_TYPES, Load
 from tests.faults.readback import read_dead_letters, read_events, watermarks
 from tests.faults.schedule import MIN_PIPELINE_KILLS, Fault, counts, make_schedule
 from tests.faults.stack import ROOT, FaultStack
-from tests.faults.supervisor import Supervisor
+from tests.faults.supervisor import Supervisor, start_cdc_run
 from tests.plugins.proxy import TcpProxy
 
 log = logging.getLogger("faults")
@@ -317,15 +316,7 @@ def second_run(run: Run) -> tuple[bool, str]:
     topics = [*run.topics, run.dlq]
     before = {t: watermarks(run.bootstrap, t) for t in topics}
     log_path = run.dir / "second-run.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc", "run"],
-            cwd=ROOT,
-            env=run.env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_cdc_run(run.env, log_path)
     deadline = time.monotonic() + 60
     while "resuming after confirmed LSN" not in log_path.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:

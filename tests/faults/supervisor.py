@@ -21,6 +21,19 @@ from tests.faults.stack import ROOT
 RESTART_DELAY = 1.0
 
 
+def start_cdc_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """`python -m cdc run` from the repository root, its output in ``log_path``."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdc", "run"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Exit:
     start: int  # which start (1-based)
@@ -54,15 +67,7 @@ class Supervisor:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.starts += 1
-        with open(self.log_path(self.starts), "wb") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "cdc", "run"],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        return start_cdc_run(self.env, self.log_path(self.starts))
 
     def _run(self) -> None:
         while True:

@@ -1,6 +1,6 @@
 """Settings of outbox CDC: defaults < TOML file < ``CDC_*`` environment < overrides (flags).
 
-Choices made here (see DESIGN.md for the fixed table):
+Choices made here (docs/design.md has the table of every setting):
 
 - Environment: every scalar top-level key ``k`` is read from ``CDC_<K>`` (``CDC_STATUS_INTERVAL``...), plus
   ``CDC_KAFKA_BOOTSTRAP_SERVERS``, ``CDC_COLUMNS`` (a preset name) and ``CDC_CONFIG`` (the TOML file).

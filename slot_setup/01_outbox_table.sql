@@ -1,4 +1,4 @@
--- The outbox table (DESIGN.md, "The outbox row"). Applications insert one row per event in the same
+-- The outbox table (docs/design.md, "The outbox row"). Applications insert one row per event in the same
 -- transaction as their business change; the pipeline reads the inserts from the WAL, so rows may be pruned
 -- or the table truncated at any time after commit.
 -- {{...}} markers are filled in by `cdc setup` with the configured (quoted) names; a line tagged

@@ -1,4 +1,4 @@
-"""`cdc run` end to end, as a subprocess against the real PostgreSQL and Kafka (docs/design.md, guarantees 1-8).
+"""`cdc run` end to end, as a subprocess against the real PostgreSQL and Kafka (docs/design.md guarantees).
 
 Every test polls with a timeout and asserts concrete values: ids, headers, LSNs, exit codes, counts.
 """

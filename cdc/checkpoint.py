@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc.errors import CheckpointError
+from cdc.refusals import REFUSAL_CODES, error_code, record_digest
 
 IMPLICIT_ACK = (
     "librdkafka reported it delivered without an offset (an implicit acknowledgement, not a broker's)"
@@ -113,6 +114,8 @@ class Transaction:
         if err is not None:
             if tracker.failure is None:
                 tracker.failure = DeliveryFailure(err, self.xid, self.commit_lsn)
+            if msg is not None and error_code(err) in REFUSAL_CODES:
+                tracker.refused.append((record_digest(msg.topic(), msg.key(), msg.value()), err))
             # A failed event stays outstanding forever: the watermark must never pass it.
             return
         self.outstanding -= 1
@@ -140,6 +143,8 @@ class AckTracker:
         self.in_flight = 0
         self.acked_events = 0
         self.failure: DeliveryFailure | None = None
+        # Records the broker refused as their own fault (too large, invalid): digest and error.
+        self.refused: list[tuple[bytes, object]] = []
         self.latency = latency if latency is not None else AckLatency()
         self._pending: deque[Transaction] = deque()
         self._open: Transaction | None = None

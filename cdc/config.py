@@ -68,6 +68,8 @@ _OWNED = {
     # cdc.sink.FIXED_PRODUCER_CONFIG says why: more than one in flight can lose acknowledged records.
     "max.in.flight.requests.per.connection": ("1",),
     "max.in.flight": ("1",),
+    # Nothing appended behind a refused record: cdc.refusals relies on it to keep each key in order.
+    "enable.gapless.guarantee": ("true",),
 }
 # delivery_timeout becomes librdkafka's message.timeout.ms, whose 0 means "never": a value that rounds to it
 # would turn a broker outage into a wait without end.

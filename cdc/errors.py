@@ -24,11 +24,13 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── SchemaRejectedError       the schema registry refused the event's schema (incompatible, invalid)
 │   ├── InvalidTopicError         the event's aggregate / event type makes no legal Kafka topic name
 │   ├── AggregateTypeNotAllowedError  the aggregate type is not in the aggregate_types allow-list
-│   └── EventTooLargeError        the encoded record is above the producer's message.max.bytes
+│   ├── EventTooLargeError        the record is above the producer's message.max.bytes or the topic's limit
+│   └── EventRefusedError         Kafka refused the record itself (INVALID_RECORD, INVALID_TIMESTAMP)
 ├── SinkError                     the Kafka side
 │   ├── TopicMissingError         the topic does not exist and may not be created
 │   ├── RegistryUnavailableError  the schema registry does not answer or fails: events wait, with backoff
 │   └── DeliveryError             Kafka reported a fatal or timed-out delivery: the pipeline stops
+│       └── DeliveryRefusedError  Kafka refused records: the pipeline replays and dead-letters the culprit
 ├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
 ├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
 ├── DeserializationError          the consumer side: a value that cannot be decoded to an event
@@ -51,8 +53,10 @@ __all__ = [
     "ConsumerError",
     "DeadLetterError",
     "DeliveryError",
+    "DeliveryRefusedError",
     "DeserializationError",
     "EventError",
+    "EventRefusedError",
     "EventTooLargeError",
     "InvalidTopicError",
     "MalformedEventError",
@@ -176,6 +180,13 @@ class EventTooLargeError(EventError):
     reason = "too_large"
 
 
+class EventRefusedError(EventError):
+    """The broker refused the record itself (not its size): an invalid record for the topic's settings, or
+    a timestamp outside what the topic accepts. Found by producing the suspects one by one."""
+
+    reason = "refused_by_kafka"
+
+
 class InvalidTopicError(EventError):
     reason = "invalid_topic"
 
@@ -198,6 +209,16 @@ class RegistryUnavailableError(SinkError):
 
 class DeliveryError(SinkError):
     pass
+
+
+class DeliveryRefusedError(DeliveryError):
+    """Kafka refused records (too large, invalid) and the producer stopped so that nothing is appended
+    behind them. The pipeline does not exit: it replays from the slot, produces the refused records one by
+    one, and dead-letters the one Kafka refuses alone. ``refused`` holds (record digest, error) pairs."""
+
+    def __init__(self, message: str, *, refused: list[tuple[bytes, object]], lsn: int | None = None) -> None:
+        super().__init__(message, lsn=lsn)
+        self.refused = refused
 
 
 class SchemaCompatibilityError(CdcError):

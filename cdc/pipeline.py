@@ -19,7 +19,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from cdc.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.config import Settings, describe_dsn
@@ -42,6 +42,7 @@ from cdc.errors import (
     AggregateTypeNotAllowedError,
     CdcError,
     DeliveryError,
+    DeliveryRefusedError,
     EventError,
     EventTooLargeError,
     InvalidTopicError,
@@ -54,8 +55,9 @@ from cdc.errors import (
 )
 from cdc.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from cdc.heartbeat import Heartbeat
+from cdc.refusals import GAPLESS_STOP, RefusalLedger, error_code, record_digest, worst_case_size
 from cdc.route import MESSAGE_PREFIX, EventRouter, OutboxEvent, RowFields, event_from_fields, parse_headers
-from cdc.sink import DeliveryCallback, Headers, KafkaSink
+from cdc.sink import DeliveryCallback, Headers, KafkaSink, ProducerStoppedError
 from cdc.source import ReplicationSource, preflight
 
 if TYPE_CHECKING:
@@ -68,8 +70,9 @@ delivery_log = logging.getLogger("cdc.delivery")
 READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
 STATUS_MIN_INTERVAL = 0.1  # seconds between status updates that only report a moved watermark
 
-# (topic, bound encoder, metric series): the series is the topic, or OTHER_TOPICS past MAX_TOPIC_SERIES.
-_Route = tuple[str, Callable[[bytes], bytes], str]
+# (topic, bound encoder, metric series, record limit): the series is the topic, or OTHER_TOPICS past
+# MAX_TOPIC_SERIES; the limit is set when the topic takes less than the producer may send.
+_Route = tuple[str, Callable[[bytes], bytes], str, int | None]
 # The route cache and the metric series are keyed by values the rows bring: bounded, so that a stream of new
 # aggregate types (a bug upstream, or an allow-list left off) cannot grow the process without end.
 MAX_ROUTES = 10_000
@@ -132,6 +135,9 @@ class Pipeline:
         self.delivery_errors = 0
         self.ignored_messages = 0  # non-transactional 'outbox' logical messages: not events
         self.reconnects = 0
+        self.refusals = RefusalLedger()
+        self.refusal_replays = 0  # times Kafka refused records and the stream was replayed to find why
+        self._alone: bytes | None = None  # the digest of the record produced alone, while it is
         self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
         self.heartbeat = Heartbeat(settings)
         self._last_data = time.monotonic()  # when the stream last carried a change
@@ -183,6 +189,8 @@ class Pipeline:
                     break
                 except _StopRequested:
                     break
+                except DeliveryRefusedError as exc:
+                    self._replay_after_refusal(exc)
                 except (SourceConnectionError, SlotActiveError) as exc:
                     # A slot still held by our own dead walsender is transient after a lost connection;
                     # at the first start it means another pipeline, which is a refusal.
@@ -201,6 +209,8 @@ class Pipeline:
             self._shutdown()
 
     def _session(self, first: bool) -> None:
+        if self.tracker.failure is not None or self.sink.fatal_error is not None:
+            self._delivery_failed()  # seen while reconnecting: must not be forgotten with the old tracker
         s = self.settings
         info = preflight(
             s.database_url, slot=s.slot, publication=s.publication, table=(s.table.schema, s.table.name)
@@ -260,20 +270,8 @@ class Pipeline:
             elif heartbeat.due(now, self._last_data):
                 heartbeat.emit(now)
             poll(0)
-            failure = tracker.failure
-            if failure is not None:
-                self.delivery_errors += 1
-                raise DeliveryError(
-                    f"Kafka refused an event of transaction {failure.xid}: "
-                    f"{_kafka_error_text(failure.error)}; stopping without confirming past it "
-                    "(a restart resumes from the slot)",
-                    lsn=failure.commit_lsn,
-                )
-            if self.sink.fatal_error is not None:
-                raise DeliveryError(
-                    f"the Kafka producer failed fatally: {self.sink.fatal_error.str()}",
-                    lsn=tracker.confirmed_lsn,
-                )
+            if tracker.failure is not None or self.sink.fatal_error is not None:
+                self._delivery_failed()
             # Status updates: whenever the watermark moved, but not more often than STATUS_MIN_INTERVAL
             # (at tens of thousands of events a second it moves with every batch), and at least every
             # status_interval so the server does not take us for dead.
@@ -301,7 +299,7 @@ class Pipeline:
         try:
             if route is None:
                 route = self._route_for(aggregate_type, event_type, version)
-            topic, encode, series = route
+            topic, encode, series, limit = route
             value = encode(payload)
         except EventError as exc:
             self._dead_letter(event_from_fields(fields), exc, self._topic_or_none(aggregate_type, event_type))
@@ -316,16 +314,19 @@ class Pipeline:
         ]
         if raw_headers is not None:
             headers.extend(parse_headers(raw_headers))
+        if limit is not None or self.refusals:
+            refusal = self._refusal(topic, aggregate_id, value, headers, limit)
+            if refusal is not None:
+                self._dead_letter(event_from_fields(fields), refusal, topic)
+                return
         try:
             # The route's topic was made sure of when the route was cached.
-            self.sink.produce(
+            self._send(
                 topic,
                 aggregate_id,
                 value,
                 headers,
-                self._txn_ts_ms,
                 _traced(txn.delivered, id_) if self._trace else txn.delivered,
-                self._keep_alive,
             )
         except EventTooLargeError as exc:
             self._dead_letter(event_from_fields(fields), exc, topic)
@@ -353,13 +354,17 @@ class Pipeline:
         if self.registry is not None:
             encode = self.encoder.encoder_for(et, v, header=confluent_header(self._schema_id(topic, et, v)))
         self._ensure_topic(topic)
+        limit = self.sink.record_limit(topic)
+        if limit is not None and not self.sink.batches_fit(limit):
+            self._wait_empty()
+            self.sink.shrink_batches(limit)
         routes = self._routes
         if len(routes) >= MAX_ROUTES:
             del routes[next(iter(routes))]  # the oldest: a route is cheap to make again
         published = self.published_by_topic
         series = topic if topic in published or len(published) < MAX_TOPIC_SERIES else OTHER_TOPICS
         published.setdefault(series, 0)
-        route = routes[(aggregate_type, event_type, version)] = (topic, encode, series)
+        route = routes[(aggregate_type, event_type, version)] = (topic, encode, series, limit)
         return route
 
     def _topic_or_none(self, aggregate_type: bytes, event_type: bytes) -> str:
@@ -490,17 +495,127 @@ class Pipeline:
         on_delivery: DeliveryCallback = txn.delivered
         if self._trace:
             on_delivery = _traced(on_delivery, next((v for k, v in headers if k == "id"), None))
-        produce, ts, keep_alive = self.sink.produce, self._txn_ts_ms, self._keep_alive
+        full = headers + row_headers
         try:
-            produce(topic, key, value, headers + row_headers, ts, on_delivery, keep_alive)
+            limit = self.sink.record_limit(topic)
+            if (limit is not None or self.refusals) and self._refusal(topic, key, value, full, limit):
+                raise EventTooLargeError("the dead letter does not fit the dead-letter topic")
+            self._send(topic, key, value, full, on_delivery)
         except EventTooLargeError:
             reduced: Headers = [(k, v[:REDUCED_HEADER_BYTES] if v else v) for k, v in headers]
             reduced.append((REDUCED_HEADER, REDUCED_NOTE))
-            produce(
-                topic, key[:REDUCED_KEY_BYTES] if key else key, None, reduced, ts, on_delivery, keep_alive
-            )
+            short_key = key[:REDUCED_KEY_BYTES] if key else key
+            if self.refusals and self.refusals.culprit_error(record_digest(topic, short_key, None), topic):
+                raise DeliveryError(
+                    f"the dead-letter topic {topic} refuses even a reduced dead letter: check its settings",
+                    lsn=self._received,
+                ) from None
+            self._send(topic, short_key, None, reduced, on_delivery)
         txn.sent()
         self.dead_lettered_by_reason[reason] += 1
+
+    # -- records Kafka refuses --------------------------------------------------------------------------
+
+    def _send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        on_delivery: DeliveryCallback,
+    ) -> None:
+        """Produce one record; alone (the queue empty before and after) when Kafka refused it before, so
+        that what Kafka says is about this record only."""
+        refusals = self.refusals
+        digest = record_digest(topic, key, value) if refusals else None
+        try:
+            if digest is not None and refusals.must_go_alone(digest):
+                self._wait_empty()
+                self._alone = digest
+                self.sink.produce(topic, key, value, headers, self._txn_ts_ms, on_delivery, self._keep_alive)
+                self._wait_empty()
+                self._alone = None
+                refusals.cleared(digest)
+                return
+            self.sink.produce(topic, key, value, headers, self._txn_ts_ms, on_delivery, self._keep_alive)
+        except ProducerStoppedError:
+            self._delivery_failed()
+
+    def _refusal(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Headers, limit: int | None
+    ) -> EventError | None:
+        """Why the record may not be produced: above the topic's limit, or refused by Kafka when alone."""
+        if limit is not None:
+            raw = len(key or b"") + len(value or b"") + sum(len(k) + len(v or b"") for k, v in headers)
+            if worst_case_size(raw) > limit:
+                return EventTooLargeError(
+                    f"the record ({raw} bytes) may be above topic '{topic}''s max.message.bytes ({limit})"
+                )
+        if self.refusals:
+            return self.refusals.culprit_error(record_digest(topic, key, value), topic)
+        return None
+
+    def _delivery_failed(self) -> NoReturn:
+        """Kafka failed a delivery, or the producer stopped: nothing more is produced. A refusal of records
+        (too large, invalid) is the events' fault: DeliveryRefusedError, which run() answers with a replay.
+        Any other failure ends the run without confirming past it."""
+        sink, tracker = self.sink, self.tracker
+        if sink.fatal_error is None:
+            sink.purge_queue()  # its poll may be the one that learns the producer stopped
+        if sink.fatal_error is not None:
+            # A stopped producer fails what it held at once: read those reports, to know every refusal.
+            deadline = time.monotonic() + 5.0
+            while sink.queue_depth() and time.monotonic() < deadline:
+                sink.poll(0.1)
+        self.delivery_errors += 1
+        failure = tracker.failure
+        lsn = failure.commit_lsn if failure is not None else tracker.confirmed_lsn
+        fatal = sink.fatal_error
+        if tracker.refused or error_code(fatal) == GAPLESS_STOP:
+            # Without reports (confluent-kafka can lose them to the fatal error) the replay still reads
+            # the topics' limits again; the ledger stops a replay that makes no progress.
+            first = tracker.refused[0][1] if tracker.refused else fatal
+            raise DeliveryRefusedError(
+                f"Kafka refused {len(tracker.refused)} records: {_kafka_error_text(first)}",
+                refused=list(tracker.refused),
+                lsn=lsn,
+            )
+        if failure is not None:
+            raise DeliveryError(
+                f"Kafka refused an event of transaction {failure.xid}: "
+                f"{_kafka_error_text(failure.error)}; stopping without confirming past it "
+                "(a restart resumes from the slot)",
+                lsn=lsn,
+            )
+        raise DeliveryError(f"the Kafka producer failed fatally: {_kafka_error_text(fatal)}", lsn=lsn)
+
+    def _replay_after_refusal(self, exc: DeliveryRefusedError) -> None:
+        """Kafka refused records and the producer stopped before anything went behind them: replay from
+        the slot with a new producer; the refused records are produced alone, and the one Kafka refuses
+        alone is dead-lettered (cdc.refusals)."""
+        self.refusals.note(
+            exc.refused, alone=self._alone, at=self.tracker.confirmed_lsn, until=self._received
+        )
+        self._alone = None
+        self._close_source()
+        self.sink.reset()
+        self.tracker = AckTracker(self.tracker.confirmed_lsn, latency=self.latency)
+        self._routes.clear()  # topic limits are read again
+        self.refusal_replays += 1
+        log.warning(
+            "%s; replaying from the slot and producing the refused records one at a time (replay %d)",
+            exc,
+            self.refusal_replays,
+        )
+
+    def _wait_empty(self) -> None:
+        """Until every record handed to the producer is acknowledged (or one failed)."""
+        sink = self.sink
+        while sink.queue_depth():
+            sink.poll(0.05)
+            self._keep_alive()
+        if self.tracker.failure is not None or sink.fatal_error is not None:
+            self._delivery_failed()
 
     # -- waiting and status ----------------------------------------------------------------------------
 
@@ -532,9 +647,11 @@ class Pipeline:
         """Called while waiting on Kafka (a full producer queue, a missing topic, the registry): keep the
         status updates flowing, and confirm a moved watermark as often as the stream loop does. A full
         queue is where acknowledgements arrive fastest; left unconfirmed, a kill -9 would publish them
-        again, beyond the in-flight window."""
+        again, beyond the in-flight window. A failed delivery ends the wait: nothing is produced after it."""
         if self._stop:
             raise _StopRequested
+        if self.tracker.failure is not None or self.sink.fatal_error is not None:
+            self._delivery_failed()
         source = self._source
         if source is None:
             return
@@ -550,6 +667,8 @@ class Pipeline:
             return
         confirmed = self.tracker.confirmed_lsn
         source.send_status(max(self._received, confirmed), confirmed)
+        if self.refusals:
+            self.refusals.settled(confirmed)
         if confirmed != self._sent_confirmed:
             log.debug("confirmed %s", format_lsn(confirmed))
         self._sent_confirmed = confirmed
@@ -582,6 +701,8 @@ class Pipeline:
     def _shutdown(self) -> None:
         """Stop reading, wait (bounded) for what is in flight, confirm what was acknowledged, close."""
         timeout = self.settings.shutdown_timeout
+        if self.tracker.failure is not None:
+            self.sink.purge_queue()  # what it still holds would land behind the failed record
         left = self.sink.flush(timeout)
         if left:
             log.warning(

@@ -19,7 +19,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 # NewTopic lives in confluent_kafka.admin at run time; its stubs just do not re-export it.
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from cdc.config import Settings
 from cdc.errors import (
@@ -30,12 +35,17 @@ from cdc.errors import (
     SinkError,
     TopicMissingError,
 )
+from cdc.refusals import safe_batch_size, worst_case_size
 
 log = logging.getLogger("cdc.sink")
 kafka_log = logging.getLogger("cdc.kafka")
 
 # librdkafka's own retries while a new broker loads its coordinators: expected, and retried on its own.
-_BENIGN = re.compile(r"Failed to acquire (idempotence|transactional) PID .*Coordinator load in progress")
+# And its note at every start that enable.gapless.guarantee is "experimental": it is what we rely on.
+_BENIGN = re.compile(
+    r"Failed to acquire (idempotence|transactional) PID .*Coordinator load in progress"
+    r"|property enable\.gapless\.guarantee is experimental"
+)
 KAFKA_LOG_INTERVAL = 10.0  # seconds: librdkafka lines of one kind at most this often
 
 
@@ -92,7 +102,14 @@ FIXED_PRODUCER_CONFIG: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
     "max.in.flight.requests.per.connection": 1,
+    # A batch the broker refuses (too large, invalid) makes the producer stop instead of sending the next
+    # one: nothing of a partition is appended behind a refused record, so a replay keeps each key in order.
+    # The pipeline then replays and dead-letters the culprit (cdc.refusals).
+    "enable.gapless.guarantee": True,
 }
+# Below this many bytes a topic's max.message.bytes may refuse what the producer sends: its records are
+# checked before they are produced, and the producer's batches are made to fit it.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
@@ -131,21 +148,71 @@ class KafkaSink:
         self._settings = settings
         self.fatal_error: KafkaError | None = None
         self._last_error_log = 0.0
-        conf = producer_config(settings)
-        conf["error_cb"] = self._on_error
-        # librdkafka's own log lines go through logging (and so --log-format json), not raw to stderr.
-        conf["logger"] = kafka_log
+        self._conf = producer_config(settings)
+        # What one record or one batch may take on the wire; a topic that takes less gets checked records.
+        self.message_max_bytes = int(self._conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
+        self._producer = self._new_producer()
         try:
-            self._producer = Producer(conf)
             admin_conf = admin_config(settings)
             admin_conf["logger"] = kafka_log
             self._admin = AdminClient(admin_conf)
         except KafkaException as exc:
-            raise SinkError(f"cannot create the Kafka producer: {exc.args[0]}") from exc
+            raise SinkError(f"cannot create the Kafka admin client: {exc.args[0]}") from exc
         self._known_topics: set[str] = set()
+        self._limits: dict[str, int | None] = {}  # topic -> its record limit, None when it needs no check
+        self._limits_unreadable = False
+
+    def _new_producer(self) -> Producer:
+        conf = dict(self._conf)
+        conf["error_cb"] = self._on_error
+        # librdkafka's own log lines go through logging (and so --log-format json), not raw to stderr.
+        conf["logger"] = kafka_log
+        try:
+            producer = Producer(conf)
+        except KafkaException as exc:
+            raise SinkError(f"cannot create the Kafka producer: {exc.args[0]}") from exc
         # Bound once: produce() runs once per event and attribute look-ups add up.
-        self._produce = self._producer.produce
-        self.poll = self._producer.poll
+        self._produce = producer.produce
+        return producer
+
+    def reset(self) -> None:
+        """A new producer in place of one that stopped (a refused batch, a fatal error): what the old one
+        still held is dropped, not sent, since it would land behind the refused records. Topic limits are
+        read again: a refusal may mean a topic's settings changed."""
+        old = self._producer
+        try:
+            old.purge()
+            old.poll(0)
+        except (KafkaException, SystemError) as exc:
+            log.debug("purging the stopped producer: %s", exc)
+        self.fatal_error = None
+        self._limits.clear()
+        self._producer = self._new_producer()
+
+    def poll(self, timeout: float) -> int:
+        """Serve delivery reports. A fatal producer error (a refused batch under the gapless guarantee)
+        comes as an exception from poll(): it is kept in ``fatal_error`` for the pipeline to act on."""
+        try:
+            return int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.fatal():
+                self._fatal(err)
+                return 0
+            raise DeliveryError(f"Kafka producer: {_kafka_reason(exc)}") from exc
+        except SystemError as exc:
+            # confluent-kafka serving a delivery report while the fatal error is pending: the same event.
+            cause = exc.__cause__
+            err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+            if isinstance(err, KafkaError):
+                self._fatal(err)
+                return 0
+            raise
+
+    def _fatal(self, err: KafkaError) -> None:
+        if self.fatal_error is None:
+            self.fatal_error = err
+            log.error("Kafka producer stopped: %s", err.str())
 
     def check_broker(self, timeout: float) -> None:
         """Refuse to start when Kafka does not answer (guarantee: never produce into the void)."""
@@ -182,6 +249,50 @@ class KafkaSink:
             )
         self._create_topic(topic)
         self._known_topics.add(topic)
+
+    def record_limit(self, topic: str) -> int | None:
+        """The most bytes a record for ``topic`` may take, when the topic's ``max.message.bytes`` is below
+        what the producer may send; None when the producer's own limit is the tighter one."""
+        if topic not in self._limits:
+            self._limits[topic] = self._read_limit(topic)
+        return self._limits[topic]
+
+    def batches_fit(self, limit: int) -> bool:
+        """Whether the producer's batches fit a topic that takes ``limit`` bytes at most."""
+        batch = min(int(self._conf.get("batch.size", DEFAULT_MESSAGE_MAX_BYTES)), self.message_max_bytes)
+        return worst_case_size(batch) <= limit
+
+    def shrink_batches(self, limit: int) -> None:
+        """A new producer whose batches fit ``limit``. Call it with an empty queue (after flush)."""
+        size = safe_batch_size(limit)
+        log.info(
+            "producer batches now at most %d bytes, to fit a topic whose max.message.bytes is %d",
+            size,
+            limit,
+        )
+        self._conf["batch.size"] = size
+        self._producer = self._new_producer()
+
+    def _read_limit(self, topic: str) -> int | None:
+        if self._limits_unreadable:
+            return None
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            entries = self._admin.describe_configs([resource], request_timeout=10)[resource].result(
+                timeout=15
+            )
+            limit = int(entries["max.message.bytes"].value)
+        except (KafkaException, KeyError, ValueError, TypeError) as exc:
+            # Without DescribeConfigs rights the limit is found the hard way: a refusal, then a replay.
+            self._limits_unreadable = True
+            log.warning(
+                "cannot read topic %s's max.message.bytes (%s): records are not checked against topic "
+                "limits before they are sent",
+                topic,
+                _kafka_reason(exc) if isinstance(exc, KafkaException) else exc,
+            )
+            return None
+        return None if worst_case_size(self.message_max_bytes) <= limit else limit
 
     def _create_topic(self, topic: str) -> None:
         s = self._settings
@@ -223,9 +334,9 @@ class KafkaSink:
             raise _produce_error(topic, exc) from exc
         started = time.monotonic()
         while True:
-            self._producer.poll(0.05)
+            self.poll(0.05)
             if self.fatal_error is not None:
-                raise DeliveryError(f"the Kafka producer failed fatally: {self.fatal_error.str()}")
+                raise ProducerStoppedError(f"the Kafka producer stopped: {self.fatal_error.str()}")
             waiting()
             try:
                 self._produce(
@@ -258,13 +369,31 @@ class KafkaSink:
         return True
 
     def flush(self, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for outstanding deliveries; returns how many are left."""
-        return int(self._producer.flush(timeout))
+        """Wait up to ``timeout`` seconds for outstanding deliveries; returns how many are left. A loop of
+        poll(), not Producer.flush(): a fatal error inside flush() breaks the delivery reports after it."""
+        deadline = time.monotonic() + timeout
+        producer = self._producer
+        while len(producer) and self.fatal_error is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.poll(min(left, 0.1))
+        if self.fatal_error is not None:
+            # Stopped: the reports of what it held come at once, failed; serve them, send nothing more.
+            self.poll(0)
+        return len(producer)
+
+    def purge_queue(self) -> None:
+        """Drop what the producer holds and has not sent: after a failed delivery it would land behind it."""
+        try:
+            self._producer.purge(in_queue=True, in_flight=False)
+        except KafkaException as exc:
+            log.debug("purging the producer's queue: %s", exc)
+        self.poll(0)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
-            self.fatal_error = err
-            log.error("Kafka producer fatal error: %s", err.str())
+            self._fatal(err)
             return
         now = time.monotonic()
         # librdkafka reconnects on its own; say so at most every few seconds rather than per attempt.
@@ -299,7 +428,13 @@ def _produce_error(topic: str, exc: KafkaException) -> CdcError:
     err = exc.args[0] if exc.args else None
     if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
         return EventTooLargeError(f"the record for '{topic}' is larger than the producer's message.max.bytes")
+    if isinstance(err, KafkaError) and err.code() == KafkaError._FATAL:
+        return ProducerStoppedError(f"cannot produce to '{topic}': the producer stopped ({err.str()})")
     return DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}")
+
+
+class ProducerStoppedError(DeliveryError):
+    """produce() after the producer stopped on a fatal error: the pipeline looks at why (a refusal?)."""
 
 
 def _kafka_reason(exc: KafkaException) -> str:

@@ -22,6 +22,9 @@ class _Sink:
     def ensure_topic(self, topic: str) -> None:
         pass
 
+    def record_limit(self, topic: str) -> None:
+        return None
+
 
 def pipeline(**overrides) -> Pipeline:
     settings = load_settings(

@@ -103,7 +103,7 @@ class RefusalLedger:
         lose the reports to the fatal error) that recur with nothing confirmed in between."""
         if alone is not None and not any(digest == alone for digest, _ in refused):
             # Alone, so the refusal is its own, reported or not.
-            error = refused[0][1] if refused else "refused while produced alone"
+            error = refused[0][1] if refused else self._refusals.get(alone, (0, "refused alone"))[1]
             refused = [*refused, (alone, error)]
         if not refused:
             lsn, count = self._blind

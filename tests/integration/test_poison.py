@@ -2,7 +2,7 @@
 aggregate: the process never exits, the good rows arrive in order per key, every poison row is in the
 dead-letter topic with its id, and the slot is confirmed past the last row (issue 17's end-to-end test).
 
-Not here yet: a record the broker refuses at delivery (items 4 and 5 of issue 17, still open)."""
+Records the broker refuses at delivery (items 4 and 5) have theirs: tests/integration/test_kafka_refusals.py."""
 
 from __future__ import annotations
 

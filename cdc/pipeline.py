@@ -314,20 +314,24 @@ class Pipeline:
         ]
         if raw_headers is not None:
             headers.extend(parse_headers(raw_headers))
-        if limit is not None or self.refusals:
+        on_delivery = _traced(txn.delivered, id_) if self._trace else txn.delivered
+        careful = limit is not None or self.refusals.active
+        if careful:
             refusal = self._refusal(topic, aggregate_id, value, headers, limit)
             if refusal is not None:
                 self._dead_letter(event_from_fields(fields), refusal, topic)
                 return
         try:
-            # The route's topic was made sure of when the route was cached.
-            self._send(
-                topic,
-                aggregate_id,
-                value,
-                headers,
-                _traced(txn.delivered, id_) if self._trace else txn.delivered,
-            )
+            if careful:
+                self._send(topic, aggregate_id, value, headers, on_delivery)
+            else:
+                # The common case, without a call more per event. The route's topic was made sure of when
+                # the route was cached.
+                self.sink.produce(
+                    topic, aggregate_id, value, headers, self._txn_ts_ms, on_delivery, self._keep_alive
+                )
+        except ProducerStoppedError:
+            self._delivery_failed()
         except EventTooLargeError as exc:
             self._dead_letter(event_from_fields(fields), exc, topic)
             return
@@ -498,14 +502,16 @@ class Pipeline:
         full = headers + row_headers
         try:
             limit = self.sink.record_limit(topic)
-            if (limit is not None or self.refusals) and self._refusal(topic, key, value, full, limit):
+            if (limit is not None or self.refusals.active) and self._refusal(topic, key, value, full, limit):
                 raise EventTooLargeError("the dead letter does not fit the dead-letter topic")
             self._send(topic, key, value, full, on_delivery)
         except EventTooLargeError:
             reduced: Headers = [(k, v[:REDUCED_HEADER_BYTES] if v else v) for k, v in headers]
             reduced.append((REDUCED_HEADER, REDUCED_NOTE))
             short_key = key[:REDUCED_KEY_BYTES] if key else key
-            if self.refusals and self.refusals.culprit_error(record_digest(topic, short_key, None), topic):
+            if self.refusals.active and self.refusals.culprit_error(
+                record_digest(topic, short_key, None), topic
+            ):
                 raise DeliveryError(
                     f"the dead-letter topic {topic} refuses even a reduced dead letter: check its settings",
                     lsn=self._received,
@@ -527,7 +533,7 @@ class Pipeline:
         """Produce one record; alone (the queue empty before and after) when Kafka refused it before, so
         that what Kafka says is about this record only."""
         refusals = self.refusals
-        digest = record_digest(topic, key, value) if refusals else None
+        digest = record_digest(topic, key, value) if refusals.active else None
         try:
             if digest is not None and refusals.must_go_alone(digest):
                 self._wait_empty()
@@ -551,7 +557,7 @@ class Pipeline:
                 return EventTooLargeError(
                     f"the record ({raw} bytes) may be above topic '{topic}''s max.message.bytes ({limit})"
                 )
-        if self.refusals:
+        if self.refusals.active:
             return self.refusals.culprit_error(record_digest(topic, key, value), topic)
         return None
 
@@ -667,7 +673,7 @@ class Pipeline:
             return
         confirmed = self.tracker.confirmed_lsn
         source.send_status(max(self._received, confirmed), confirmed)
-        if self.refusals:
+        if self.refusals.active:
             self.refusals.settled(confirmed)
         if confirmed != self._sent_confirmed:
             log.debug("confirmed %s", format_lsn(confirmed))

@@ -90,10 +90,8 @@ class RefusalLedger:
         self._culprits: dict[bytes, object] = {}  # digest -> Kafka's error when refused alone
         self._blind: tuple[int, int] = (-1, 0)  # (confirmed LSN, count) of refusals without any report
         self._until = 0  # every refused record was read before this WAL position
-
-    def __bool__(self) -> bool:
-        """Whether any record is under suspicion: the hot path asks this once per event."""
-        return bool(self._refusals)
+        # Whether any record is under suspicion: the hot path reads this once per event, as an attribute.
+        self.active = False
 
     def note(self, refused: list[tuple[bytes, object]], *, alone: bytes | None, at: int, until: int) -> None:
         """Records Kafka refused in one incident, the slot confirmed up to ``at`` and the stream read up to
@@ -114,6 +112,7 @@ class RefusalLedger:
                     "reported none of them: check the topics' max.message.bytes and timestamp settings"
                 )
         self._until = max(self._until, until)
+        self.active = True
         for digest, error in refused:
             times = self._refusals.pop(digest, (0, None))[0] + 1
             if times > MAX_REFUSALS + 1:
@@ -157,6 +156,7 @@ class RefusalLedger:
         if confirmed > self._until:
             self._refusals.clear()
             self._culprits.clear()
+            self.active = False
 
     def cleared(self, digest: bytes) -> None:
         """A suspect that Kafka took: it was only refused for its batch-mates."""

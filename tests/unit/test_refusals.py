@@ -47,9 +47,9 @@ def test_the_digest_tells_topic_key_and_value_apart():
 
 def test_a_size_refusal_gets_one_replay_with_fresh_limits_before_it_goes_alone():
     ledger = RefusalLedger()
-    assert not ledger
+    assert not ledger.active
     ledger.note([(A, TOO_LARGE), (B, TOO_LARGE)], alone=None, at=1, until=100)
-    assert ledger and not ledger.must_go_alone(A)
+    assert ledger.active and not ledger.must_go_alone(A)
     ledger.note([(A, TOO_LARGE)], alone=None, at=1, until=100)
     assert ledger.must_go_alone(A) and not ledger.must_go_alone(B)
     assert ledger.culprit_error(A, "t") is None
@@ -80,7 +80,7 @@ def test_the_ledger_is_settled_once_the_slot_is_confirmed_past_every_refused_rec
     ledger.settled(100)
     assert ledger.culprit_error(A, "t") is not None
     ledger.settled(101)
-    assert not ledger and ledger.culprit_error(A, "t") is None
+    assert not ledger.active and ledger.culprit_error(A, "t") is None
 
 
 def test_a_record_refused_again_and_again_ends_the_run():

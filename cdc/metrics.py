@@ -52,6 +52,11 @@ class PipelineCollector(Collector):
         yield CounterMetricFamily("cdc_delivery_errors", "Deliveries Kafka refused", value=p.delivery_errors)
         yield CounterMetricFamily("cdc_reconnects", "Reconnections to PostgreSQL", value=p.reconnects)
         yield CounterMetricFamily(
+            "cdc_refusal_replays",
+            "Times Kafka refused records and the stream was replayed to dead-letter the culprit",
+            value=p.refusal_replays,
+        )
+        yield CounterMetricFamily(
             "cdc_ignored_outbox_messages",
             "Non-transactional 'outbox' logical messages, which are not events",
             value=p.ignored_messages,

@@ -19,8 +19,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from tests.integration.test_metrics import get, metric
 from tests.plugins.kafka import Record
-from tests.plugins.pipeline import Event, Outbox, wait_until
+from tests.plugins.pipeline import Event, Outbox, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +100,8 @@ def test_a_batch_the_broker_refuses_is_replayed_in_order_and_its_culprit_dead_le
     reads the new limit, dead-letters the large record and sends the rest in their order."""
     topic = outbox.topic("order")
     create_topic(kafka_admin, topic)
-    proc = pipeline_process()
+    port = free_port()
+    proc = pipeline_process(CDC_METRICS_PORT=str(port))
     proc.wait_streaming()
     events = outbox.commit([outbox.event("k1"), outbox.event("k2")]).events
     consume(topic, 2, timeout=60)  # the route is made, with the topic's limit of then
@@ -126,6 +128,9 @@ def test_a_batch_the_broker_refuses_is_replayed_in_order_and_its_culprit_dead_le
     assert first_seen_order(records) == expected_order(events, {big.id})
     wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 60, "the slot confirmed past the last row")
     assert "replaying from the slot" in proc.log(), proc.tail()
+    scraped = get(port, "/metrics")[1]
+    assert metric(scraped, "cdc_refusal_replays_total") >= 1
+    assert metric(scraped, "cdc_dead_letter_events_total", '{reason="too_large"}') >= 1
     assert proc.alive(), proc.tail()
     assert proc.terminate() == 0
 

@@ -1,3 +1,5 @@
+"""`python -m cdc`: the `cdc` command."""
+
 from cdc.cli import main
 
 main()

@@ -1,4 +1,5 @@
-"""Logging set-up: one line per lifecycle event, as text or JSON (``--log-format json``).
+"""Logging set-up: one line per lifecycle event, as text or JSON (``--log-format json``), and librdkafka's
+own lines (logger ``cdc.kafka``) throttled.
 
 Nothing here redacts: the rule is that payloads, passwords and DSNs are never handed to a logger in the first
 place (``config.describe_dsn`` gives the loggable form of a DSN).
@@ -7,8 +8,10 @@ place (``config.describe_dsn`` gives the loggable form of a DSN).
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
+from collections.abc import Callable
 
 import orjson
 
@@ -40,3 +43,53 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # and a URL is not ours to print unredacted.
     for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+kafka_log = logging.getLogger("cdc.kafka")
+
+# librdkafka's own retries while a new broker loads its coordinators: expected, and retried on its own.
+# And its note at every start that enable.gapless.guarantee is "experimental": it is what we rely on.
+_BENIGN = re.compile(
+    r"Failed to acquire (idempotence|transactional) PID .*Coordinator load in progress"
+    r"|property enable\.gapless\.guarantee is experimental"
+)
+KAFKA_LOG_INTERVAL = 10.0  # seconds: librdkafka lines of one kind at most this often
+
+
+class KafkaLogThrottle(logging.Filter):
+    """librdkafka's log lines, as the sink does its own warnings: one line per kind (level and facility) every
+    ``interval`` seconds, the next one saying how many were held back. A broker outage makes librdkafka log
+    every failed connect at ERROR, dozens at once; the benign retries of a broker that is still loading its
+    coordinators at start-up go to DEBUG."""
+
+    def __init__(
+        self, interval: float = KAFKA_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.interval = interval
+        self.clock = clock
+        self._last: dict[tuple[int, str], tuple[float, int]] = {}  # kind -> (when shown, held back since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        facility = str(args[0]) if args else ""
+        if record.levelno > logging.DEBUG and _BENIGN.search(str(args[-1]) if args else record.getMessage()):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        if record.levelno < logging.getLogger(record.name).getEffectiveLevel():
+            return False
+        if record.levelno < logging.WARNING:
+            return True
+        kind = (record.levelno, facility)
+        now = self.clock()
+        shown, held = self._last.get(kind, (-self.interval, 0))
+        if now - shown < self.interval:
+            self._last[kind] = (shown, held + 1)
+            return False
+        self._last[kind] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} (and {held} more like it in the last {now - shown:.0f} s)"
+        return True
+
+
+_throttle = KafkaLogThrottle()
+kafka_log.addFilter(_throttle)

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from cdc.errors import ConfigError
 
 if TYPE_CHECKING:
-    from cdc.pipeline import Pipeline
+    from cdc.stream.pipeline import Pipeline
 
 log = logging.getLogger("cdc.metrics")
 

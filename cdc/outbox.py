@@ -22,8 +22,9 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from cdc.avro.encoder import AvroEncoder
+from cdc.avro.store import SchemaStore
 from cdc.config import ColumnMap, TableRef
-from cdc.encode import AvroEncoder, SchemaStore
 
 _encoders: dict[str, AvroEncoder] = {}
 

@@ -23,9 +23,9 @@ import psycopg
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
+from cdc.avro.store import SchemaStore
 from cdc.config import load_settings
-from cdc.encode import SchemaStore
-from cdc.setup import apply
+from cdc.ops.setup import apply
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = uuid.uuid4().hex[:6]

@@ -35,9 +35,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from cdc.consumer import Event, EventDeserializer, Handler, IdempotentConsumer, PermanentError, RetryPolicy
+from cdc.consumer.processed import apply_setup, parse_table
 from cdc.errors import CdcError
 from cdc.logs import configure_logging
-from cdc.processed import apply_setup, parse_table
 
 log = logging.getLogger("invoice_service")
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"

@@ -1,7 +1,8 @@
 """The ceiling: the least a Python client must do to read the same stream as the pipeline.
 
-START_REPLICATION with the pipeline's own pgoutput options (``cdc.source.pgoutput_options``), CopyData read
-with libpq's copy API the way ``cdc.source`` reads it (``get_copy_data`` in async mode, select() when
+START_REPLICATION with the pipeline's own pgoutput options
+(``cdc.stream.source.pgoutput_options``), CopyData read
+with libpq's copy API the way ``cdc.stream.source`` reads it (``get_copy_data`` in async mode, select() when
 empty), Insert messages counted by their first byte, keepalives answered, a status update at the end. No
 decoding, no Kafka. Whatever the pipeline does on top of this costs throughput; the walsender's decoding is
 common to both.
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
-from cdc.source import pgoutput_options, quote_ident, quote_literal
+from cdc.stream.source import pgoutput_options, quote_ident, quote_literal
 from tests.bench.procs import cpu_seconds
 
 PG_EPOCH_OFFSET_US = 946_684_800_000_000

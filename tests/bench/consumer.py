@@ -25,10 +25,11 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
+from cdc.avro.encoder import AvroEncoder
+from cdc.avro.store import SchemaStore
 from cdc.config import TableRef
 from cdc.consumer import Event, EventDeserializer, IdempotentConsumer
-from cdc.encode import AvroEncoder, SchemaStore
-from cdc.processed import apply_setup
+from cdc.consumer.processed import apply_setup
 from tests.bench.run import ROOT
 from tests.plugins.pipeline import order_placed
 

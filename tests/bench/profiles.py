@@ -70,7 +70,7 @@ def pyspy_top(path: Path, limit: int = 40) -> dict[str, Any]:
 def _from_pipeline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Cumulative rows from the pipeline's own frames on: the entry point, click and runpy above them hold
     everything and say nothing."""
-    first = next((i for i, r in enumerate(rows) if "cdc/pipeline.py" in r["function"]), 0)
+    first = next((i for i, r in enumerate(rows) if "cdc/stream/" in r["function"]), 0)
     return rows[first:]
 
 

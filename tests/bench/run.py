@@ -41,8 +41,8 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc import setup as cdc_setup
 from cdc.config import load_settings
+from cdc.ops import setup as cdc_setup
 from tests.bench import db
 from tests.bench.bare_reader import read_inserts
 from tests.bench.latency import LatencyConsumer, per_second, percentiles

@@ -6,7 +6,7 @@ missing from the partition?
 
 Each run formats a new KRaft storage in a temp dir under /tmp, starts a broker from the stack's own
 server.properties template (ports 49092/49093 by default: never the stack's), creates a producer (the config
-of cdc.sink.producer_config) and an AdminClient as soon as the broker answers, creates a new topic (3
+of cdc.stream.sink.producer_config) and an AdminClient as soon as the broker answers, creates a new topic (3
 partitions, RF 1), produces a few hundred keyed records straight after the create returns, flushes, reads
 every partition back from offset 0 with an assigned consumer, and checks that every acknowledged record sits
 at the partition and offset its delivery report gave. Then it kills the broker and removes the temp dir.
@@ -15,7 +15,7 @@ The timing varies from run to run (``--timing`` picks one): the client starts wh
 (``port``) or after it logged "Kafka Server started" (``started``); the producer is created before the topic
 (``producer-first``, as KafkaSink does) or after the create returned (``topic-first``).
 
-With ``--through-sink`` the records go through the project's cdc.sink.KafkaSink (Settings from
+With ``--through-sink`` the records go through the project's cdc.stream.sink.KafkaSink (Settings from
 cdc.config.load_settings; check_broker, ensure_topic, produce with a delivery callback, flush).
 
 When a run loses acknowledged records, its evidence (broker log, librdkafka log, DumpLogSegments of every
@@ -251,10 +251,11 @@ def make_logger(name: str, capture: LogCapture) -> logging.Logger:
 
 
 def plain_producer_config(bootstrap: str) -> dict[str, Any]:
-    """cdc.sink.producer_config with the default Settings (max_in_flight 100000, delivery_timeout 120 s,
+    """cdc.stream.sink.producer_config with the default Settings (max_in_flight 100000, delivery_timeout
+    120 s,
     backoff 0.5 s .. backoff_max)."""
     from cdc.config import KafkaSettings, Settings
-    from cdc.sink import producer_config
+    from cdc.stream.sink import producer_config
 
     return producer_config(Settings(database_url="unused", kafka=KafkaSettings(bootstrap_servers=bootstrap)))
 
@@ -377,7 +378,7 @@ def one_run(n: int, timing: str, args: argparse.Namespace) -> RunResult:
 
         if args.through_sink:
             from cdc.config import load_settings
-            from cdc.sink import KafkaSink
+            from cdc.stream.sink import KafkaSink
 
             overrides: dict[str, Any] = {"topic_partitions": args.partitions}
             extra = dict(args.producer_conf)
@@ -536,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.faults.fresh_broker", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--through-sink", action="store_true", help="produce through cdc.sink.KafkaSink")
+    ap.add_argument("--through-sink", action="store_true", help="produce through cdc.stream.sink.KafkaSink")
     ap.add_argument(
         "--timing",
         choices=(*TIMINGS, "cycle"),

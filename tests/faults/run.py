@@ -36,10 +36,10 @@ from pathlib import Path
 
 import psycopg
 
-from cdc import setup as cdc_setup
 from cdc.config import load_settings
 from cdc.consumer import EventDeserializer
 from cdc.errors import format_lsn, parse_lsn
+from cdc.ops import setup as cdc_setup
 from tests.faults.check import Verdict, analyze
 from tests.faults.load import AGGREGATE_TYPES, Load
 from tests.faults.readback import read_dead_letters, read_events, watermarks

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
+from cdc.avro.encoder import split_confluent
 from cdc.consumer import EventDeserializer
-from cdc.encode import split_confluent
 from cdc.outbox import emit
 from tests.plugins.kafka import Record
 from tests.plugins.pipeline import SCHEMAS_DIR, cdc, order_placed, topic_size, wait_until

@@ -6,10 +6,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc.encode import SchemaStore
+from cdc.avro.store import SchemaStore
 from cdc.errors import PayloadInvalidError, SchemaNotFoundError
 from cdc.outbox import emit
-from tests.integration.test_pipeline import decode_value
+from tests.integration.stream.test_pipeline import decode_value
 from tests.plugins.pipeline import SCHEMAS_DIR, order_placed
 
 

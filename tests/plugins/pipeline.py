@@ -1,8 +1,9 @@
 """Pipeline fixtures: a private outbox (table, publication, slot, topics) per test, the `cdc run` process as a
 subprocess, and a private Kafka broker that a test may stop and start again.
 
-- `outbox`: unique table / publication / pgoutput slot in the module's database (made with `cdc.setup.apply`),
-  unique topic template and dead-letter topic; helpers to insert events and read the slot's positions.
+- `outbox`: unique table / publication / pgoutput slot in the module's database (made with
+  `cdc.ops.setup.apply`), unique topic template and dead-letter topic; helpers to insert events and read the
+  slot's positions.
 - `pipeline_process(**env)`: starts `python -m cdc run` with the outbox's environment (plus `env`), logs to a
   file under tmp_path; the log's tail is attached to the report of a failed test; never left running.
 - `private_kafka`: a second single-node KRaft broker on free loopback ports (the shared one must never be
@@ -424,7 +425,7 @@ def outbox(
         "status_interval": 1.0,
     }
     settings = load_settings(config_file=None, environ={}, overrides=overrides)
-    from cdc import setup as cdc_setup
+    from cdc.ops import setup as cdc_setup
 
     cdc_setup.apply(settings)
     conn = psycopg.connect(pg_database, autocommit=True)

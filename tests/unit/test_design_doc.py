@@ -7,7 +7,8 @@ import re
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from cdc.config import _ENV, PRESETS, ColumnMap, KafkaSettings, Settings, TableRef
+from cdc.config import PRESETS, ColumnMap, KafkaSettings, Settings, TableRef
+from cdc.config_loader import _ENV
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "design.md"
 

@@ -12,7 +12,7 @@ then streams each slot with ``START_REPLICATION`` and writes every raw CopyData 
 envelope) to ``<capture>.bin``: a sequence of records, each a 4-byte big-endian length and that many bytes.
 ``index.json`` describes the workload (xids, relation and type OIDs, columns) and, per capture, every
 message's envelope kind, pgoutput kind and whether it was inside a stream, all derived from the raw bytes and
-the catalog independently of ``cdc.decode``: the script does not import the decoder on purpose.
+the catalog independently of ``cdc.stream.pgoutput``: the script does not import the decoder on purpose.
 """
 
 from __future__ import annotations

@@ -1,0 +1,290 @@
+"""Avro schema resolution: can a reader schema read data written with a writer schema?
+
+The checker under :mod:`cdc.avro.compat` (which applies it to versions, per compatibility mode); pure, no I/O.
+
+The rules are those of the Avro 1.11 specification, section "Schema Resolution". Schemas are JSON-like Python
+objects (what orjson loads from an ``.avsc``), normalised here: named types are resolved by fullname
+(namespaces and dotted names as in the spec), so references and recursive types work. Non-union schemas match:
+
+- primitives: the same type, or a promotion of the writer's: int to long, float or double; long to float or
+  double; float to double; string to bytes; bytes to string. Logical types are ignored (their underlying
+  type is compared), as in the Java implementation's compatibility check.
+- records: same unqualified name, or one of the reader's aliases equals the writer's unqualified name (only
+  the reader's aliases count). Fields are paired by name, or by a reader field's alias equal to a writer
+  field's name. A writer field that the reader lacks is skipped; a reader field that the writer lacks needs
+  a default. Paired fields are resolved recursively.
+- enums: names as for records; a writer symbol that the reader lacks is an error unless the reader's enum
+  has a ``default``.
+- fixed: names as for records, and the same size. arrays: items, maps: values, resolved recursively.
+- unions: a writer union is readable if each of its branches is (one branch is what one datum carries); a
+  reader union reads a writer type with the *first* of its branches that matches (same kind and name, or a
+  promotion), and that branch must then resolve completely.
+
+Each problem is an :class:`Incompatibility` with a ``rule`` id: ``type-mismatch``, ``missing-default``,
+``enum-symbol``, ``fixed-size``, ``name-mismatch``, ``union-branch``. Its ``path`` says where, with fields
+joined by ``.``, array items as ``[]`` and map values as ``{}``: ``address.city``, ``items[].quantity``,
+``attrs{}.x``; ``""`` is the top-level schema. Union branches add nothing to the path. Field names in paths
+are the reader's (for a field renamed with an alias, the reader's new name). A named type used in several
+places is checked at each; a recursive type is checked once per (reader, writer) pair on a path, so its
+problems are reported at their shallowest path. A schema that cannot be resolved at all (an undefined or
+twice-defined name, a missing attribute) raises :class:`InvalidSchemaError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+__all__ = ["Incompatibility", "InvalidSchemaError", "Node", "parse", "reader_can_read", "resolve"]
+
+_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+_PROMOTIONS: dict[str, frozenset[str]] = {
+    "int": frozenset({"long", "float", "double"}),
+    "long": frozenset({"float", "double"}),
+    "float": frozenset({"double"}),
+    "string": frozenset({"bytes"}),
+    "bytes": frozenset({"string"}),
+}
+
+
+class InvalidSchemaError(ValueError):
+    """The schema is not valid Avro in a way that makes resolution meaningless (e.g. an undefined name)."""
+
+
+@dataclass(frozen=True)
+class Incompatibility:
+    """One reason why a reader cannot read a writer's data.
+
+    ``writer`` and ``reader`` briefly describe each side of the problem (a type, an enum symbol, a size or a
+    name) so that :class:`~cdc.avro.compat.Violation` can phrase it in terms of versions; they never hold
+    payload data.
+    """
+
+    path: str
+    rule: str
+    message: str
+    writer: str = ""
+    reader: str = ""
+
+
+# Normalised schemas. Named types are shared objects (identity = one definition), so a recursive schema is a
+# cyclic graph and the checker can tell "the same pair again" apart from "two types with equal names".
+@dataclass(eq=False)
+class _Named:
+    kind: str  # record | enum | fixed
+    fullname: str
+    aliases: frozenset[str]  # unqualified, as names are compared unqualified
+    fields: list[_Field] = field(default_factory=list)
+    symbols: tuple[str, ...] = ()
+    has_default: bool = False
+    size: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.fullname.rpartition(".")[2]
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    aliases: tuple[str, ...]
+    type: Node
+    has_default: bool
+
+
+@dataclass(frozen=True)
+class _Array:
+    items: Node
+
+
+@dataclass(frozen=True)
+class _Map:
+    values: Node
+
+
+@dataclass(frozen=True)
+class _Union:
+    branches: tuple[Node, ...]
+
+
+Node: TypeAlias = str | _Array | _Map | _Union | _Named
+
+
+class _Parser:
+    def __init__(self) -> None:
+        self.names: dict[str, _Named] = {}
+
+    def parse(self, schema: Any, namespace: str) -> Node:
+        if isinstance(schema, str):
+            return schema if schema in _PRIMITIVES else self._lookup(schema, namespace)
+        if isinstance(schema, list):
+            return _Union(tuple(self.parse(branch, namespace) for branch in schema))
+        if isinstance(schema, dict):
+            kind = schema.get("type")
+            if kind in ("record", "enum", "fixed"):
+                return self._named(kind, schema, namespace)
+            if kind == "array":
+                return _Array(self.parse(_require(schema, "items"), namespace))
+            if kind == "map":
+                return _Map(self.parse(_require(schema, "values"), namespace))
+            # {"type": "long", "logicalType": ...} and wrapped references resolve like their "type".
+            if isinstance(kind, str | list | dict):
+                return self.parse(kind, namespace)
+        raise InvalidSchemaError(f"not an Avro schema: a JSON {type(schema).__name__} without a valid 'type'")
+
+    def _lookup(self, ref: str, namespace: str) -> _Named:
+        candidates = [ref] if "." in ref or not namespace else [f"{namespace}.{ref}", ref]
+        for fullname in candidates:
+            if fullname in self.names:
+                return self.names[fullname]
+        raise InvalidSchemaError(f"type {ref!r} is not defined before its use")
+
+    def _named(self, kind: str, schema: dict[str, Any], namespace: str) -> _Named:
+        name = _require(schema, "name")
+        if not isinstance(name, str) or not name:
+            raise InvalidSchemaError(f"a {kind} needs a non-empty string 'name'")
+        if "." in name:
+            fullname, namespace = name, name.rpartition(".")[0]
+        else:
+            namespace = (schema["namespace"] if "namespace" in schema else namespace) or ""
+            fullname = f"{namespace}.{name}" if namespace else name
+        if fullname in self.names:
+            raise InvalidSchemaError(f"type {fullname!r} is defined twice")
+        aliases = frozenset(str(a).rpartition(".")[2] for a in schema.get("aliases", ()))
+        node = _Named(kind, fullname, aliases)
+        # Registered before its fields are parsed, so that a field may refer to its own record.
+        self.names[fullname] = node
+        if kind == "record":
+            for f in _require(schema, "fields"):
+                field_type = self.parse(_require(f, "type"), namespace)
+                field_aliases = tuple(f.get("aliases", ()))
+                node.fields.append(_Field(_require(f, "name"), field_aliases, field_type, "default" in f))
+        elif kind == "enum":
+            node.symbols = tuple(_require(schema, "symbols"))
+            node.has_default = "default" in schema
+        else:
+            node.size = int(_require(schema, "size"))
+        return node
+
+
+def _require(obj: Any, key: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise InvalidSchemaError(f"a schema object lacks its {key!r} attribute")
+    return obj[key]
+
+
+def parse(schema: Any) -> Node:
+    return _Parser().parse(schema, "")
+
+
+def _describe(node: Node) -> str:
+    if isinstance(node, str):
+        return node
+    if isinstance(node, _Array):
+        return f"array<{_describe(node.items)}>"
+    if isinstance(node, _Map):
+        return f"map<{_describe(node.values)}>"
+    if isinstance(node, _Union):
+        return "[" + ", ".join(_describe(b) for b in node.branches) + "]"
+    return f"{node.kind} {node.name}"
+
+
+def _names_match(reader: _Named, writer: _Named) -> bool:
+    return writer.name == reader.name or writer.name in reader.aliases
+
+
+def _matches(reader: Node, writer: Node) -> bool:
+    """The spec's notion of "match", which picks a reader union's branch before recursive resolution."""
+    if isinstance(reader, str) and isinstance(writer, str):
+        return reader == writer or reader in _PROMOTIONS.get(writer, frozenset())
+    if isinstance(reader, _Array) and isinstance(writer, _Array):
+        return True
+    if isinstance(reader, _Map) and isinstance(writer, _Map):
+        return True
+    if isinstance(reader, _Named) and isinstance(writer, _Named) and reader.kind == writer.kind:
+        return _names_match(reader, writer) and (reader.kind != "fixed" or reader.size == writer.size)
+    return False
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.problems: list[Incompatibility] = []
+        # Record pairs under check on the current path: meeting one again means recursion, whose problems
+        # are already being reported one level up.
+        self.active: set[tuple[_Named, _Named]] = set()
+
+    def add(self, path: str, rule: str, message: str, writer: str = "", reader: str = "") -> None:
+        self.problems.append(Incompatibility(path, rule, message, writer, reader))
+
+    def mismatch(self, path: str, rule: str, writer: Node, reader: Node, template: str) -> None:
+        w, r = _describe(writer), _describe(reader)
+        self.add(path, rule, template.format(w=w, r=r), w, r)
+
+    def check(self, reader: Node, writer: Node, path: str) -> None:
+        if isinstance(writer, _Union):
+            for branch in writer.branches:
+                if isinstance(reader, _Union) or _matches(reader, branch):
+                    self.check(reader, branch, path)
+                else:
+                    template = "The writer's union branch {w} cannot be read as the reader's {r}."
+                    self.mismatch(path, "union-branch", branch, reader, template)
+        elif isinstance(reader, _Union):
+            chosen = next((b for b in reader.branches if _matches(b, writer)), None)
+            if chosen is None:
+                template = "The writer's {w} matches no branch of the reader's union {r}."
+                self.mismatch(path, "union-branch", writer, reader, template)
+            else:
+                self.check(chosen, writer, path)
+        elif isinstance(reader, _Array) and isinstance(writer, _Array):
+            self.check(reader.items, writer.items, f"{path}[]")
+        elif isinstance(reader, _Map) and isinstance(writer, _Map):
+            self.check(reader.values, writer.values, f"{path}{{}}")
+        elif isinstance(reader, _Named) and isinstance(writer, _Named) and reader.kind == writer.kind:
+            self.named(reader, writer, path)
+        elif not _matches(reader, writer):
+            template = "The writer's {w} cannot be read as the reader's {r}."
+            self.mismatch(path, "type-mismatch", writer, reader, template)
+
+    def named(self, reader: _Named, writer: _Named, path: str) -> None:
+        same = _names_match(reader, writer)
+        if not same:
+            message = f"The writer's {writer.kind} name is neither the reader's name nor one of its aliases."
+            self.add(path, "name-mismatch", message, writer.name, reader.name)
+        if reader.kind == "fixed" and reader.size != writer.size:
+            message = f"The writer's fixed has size {writer.size} but the reader's has size {reader.size}."
+            self.add(path, "fixed-size", message, str(writer.size), str(reader.size))
+        elif reader.kind == "enum" and same and not reader.has_default:
+            for symbol in writer.symbols:
+                if symbol not in reader.symbols:
+                    message = (
+                        f"The writer's symbol {symbol} is not in the reader's enum, which has no default."
+                    )
+                    self.add(path, "enum-symbol", message, symbol)
+        elif reader.kind == "record" and same and (reader, writer) not in self.active:
+            self.active.add((reader, writer))
+            self.record(reader, writer, path)
+            self.active.discard((reader, writer))
+
+    def record(self, reader: _Named, writer: _Named, path: str) -> None:
+        writer_fields = {f.name: f for f in writer.fields}
+        for rf in reader.fields:
+            wf = writer_fields.get(rf.name)
+            if wf is None:
+                wf = next((writer_fields[a] for a in rf.aliases if a in writer_fields), None)
+            field_path = f"{path}.{rf.name}" if path else rf.name
+            if wf is not None:
+                self.check(rf.type, wf.type, field_path)
+            elif not rf.has_default:
+                message = f"The reader's field {rf.name} is not in the writer's record and has no default."
+                self.add(field_path, "missing-default", message)
+
+
+def resolve(reader: Node, writer: Node) -> list[Incompatibility]:
+    checker = _Checker()
+    checker.check(reader, writer, "")
+    return checker.problems
+
+
+def reader_can_read(reader: Any, writer: Any) -> list[Incompatibility]:
+    """Every reason why data written with ``writer`` cannot be read with ``reader``; empty if it can."""
+    return resolve(parse(reader), parse(writer))

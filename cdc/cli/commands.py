@@ -1,0 +1,238 @@
+"""The `cdc` command group and its commands for the stream and its upkeep: run, setup, status, teardown,
+outbox prune, consumer setup|prune, config show. Each builds the settings and calls the library.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cdc.cli.options import build_settings, handles_errors, settings_options
+from cdc.logs import configure_logging
+
+log = logging.getLogger("cdc")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="outbox-cdc")
+def main() -> None:
+    """outbox CDC: stream a PostgreSQL outbox table from the WAL to Kafka as schema-versioned Avro."""
+
+
+@main.command()
+@settings_options
+@handles_errors
+def run(config_file: Path | None, **flags: Any) -> None:
+    """Run the pipeline until SIGTERM or SIGINT."""
+    settings = build_settings(config_file, **flags)
+    configure_logging(settings.log_level, settings.log_format)
+    from cdc.stream import Pipeline  # the pipeline pulls in Kafka and Avro; other commands need neither
+
+    pipeline = Pipeline(settings)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping after in-flight events are acknowledged", signal.Signals(signum).name)
+        pipeline.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server = None
+    if settings.metrics_port is not None:
+        from cdc.metrics import MetricsServer
+
+        server = MetricsServer(pipeline, settings.metrics_port, settings.metrics_host)
+        server.start()
+    # What start-up allocated (modules, settings, clients) lives as long as the process: out of the
+    # collector's reach, a full collection scans only the stream's own objects (~35 ms less per pause).
+    gc.freeze()
+    try:
+        pipeline.run()
+    finally:
+        if server is not None:
+            server.stop()
+        # Shut down and confirmed: a late second signal must not turn the clean exit into a kill while
+        # the interpreter winds down (it restores the default handlers, and librdkafka's teardown takes time).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@main.command()
+@settings_options
+@click.option("--dry-run", is_flag=True, help="Print the SQL instead of running it.")
+@click.option(
+    "--role",
+    metavar="NAME",
+    help="Also create a least-privilege role (LOGIN REPLICATION) for `cdc run` (letters, digits and _).",
+)
+@click.option("--failover", is_flag=True, help="Create the slot as a failover slot (PostgreSQL 17+).")
+@handles_errors
+def setup(config_file: Path | None, dry_run: bool, role: str | None, failover: bool, **flags: Any) -> None:
+    """Create the outbox table, publication and slot (idempotent)."""
+    from cdc.ops import setup as setup_module
+
+    settings = build_settings(config_file, **flags)
+    configure_logging(settings.log_level, settings.log_format)
+    for name, outcome in setup_module.apply(settings, dry_run=dry_run, role=role, failover=failover):
+        if dry_run:
+            click.echo(f"-- {name}\n{outcome}")
+        else:
+            click.echo(f"{name}: {outcome}")
+
+
+@main.command()
+@settings_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handles_errors
+def status(config_file: Path | None, as_json: bool, **flags: Any) -> None:
+    """Slot position, lag and retained WAL, outbox size. Exits non-zero when the slot is missing or lost."""
+    from cdc.ops.status import render, slot_status
+
+    settings = build_settings(config_file, **flags)
+    report = slot_status(settings)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else render(report))
+    problem = report.problem()
+    if problem is not None:
+        raise problem
+
+
+@main.command()
+@settings_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@handles_errors
+def teardown(config_file: Path | None, yes: bool, **flags: Any) -> None:
+    """Drop the slot and the publication (the outbox table stays). Refuses while the slot is in use."""
+    from cdc.ops.status import teardown as drop
+
+    settings = build_settings(config_file, **flags)
+    if not yes:
+        click.confirm(
+            f"Drop replication slot '{settings.slot}' and publication '{settings.publication}'? "
+            "Events not yet confirmed will not be streamed",
+            abort=True,
+        )
+    for line in drop(settings):
+        click.echo(line)
+
+
+@main.group()
+def outbox() -> None:
+    """Outbox table maintenance."""
+
+
+@outbox.command("prune")
+@settings_options
+@click.option("--older-than", required=True, help="Delete rows created longer ago than this: 7d, 12h, 1h30m.")
+@click.option("--batch-size", default=10_000, show_default=True, help="Rows deleted per transaction.")
+@handles_errors
+def outbox_prune(config_file: Path | None, older_than: str, batch_size: int, **flags: Any) -> None:
+    """Delete old outbox rows in small batches (safe: the WAL already carried their inserts)."""
+    from cdc.ops.retention import parse_duration, prune
+
+    settings = build_settings(config_file, **flags)
+    deleted = prune(settings, parse_duration(older_than), batch_size=batch_size)
+    click.echo(f"deleted {deleted} rows older than {older_than} from {settings.table}")
+
+
+@main.group()
+def consumer() -> None:
+    """processed_events, the guard table of cdc.consumer.IdempotentConsumer, in a service's database."""
+
+
+_processed_table = click.option(
+    "--processed-table", default="public.processed_events", show_default=True, help="The guard table."
+)
+
+
+@consumer.command("setup")
+@settings_options
+@_processed_table
+@click.option("--dry-run", is_flag=True, help="Print the SQL instead of running it.")
+@handles_errors
+def consumer_setup(config_file: Path | None, processed_table: str, dry_run: bool, **flags: Any) -> None:
+    """Create processed_events, keyed (event_id, consumer), in the service's database (idempotent)."""
+    from cdc.consumer.processed import apply_setup, parse_table
+
+    table = parse_table(processed_table)
+    settings = build_settings(config_file, require_database=not dry_run, **flags)
+    for what, outcome in apply_setup(settings.database_url, table, dry_run=dry_run):
+        click.echo(f"-- {what}\n{outcome}" if dry_run else f"{what}: {outcome}")
+
+
+@consumer.command("prune")
+@settings_options
+@_processed_table
+@click.option(
+    "--older-than",
+    required=True,
+    help="Forget events processed longer ago than this (7d, 12h): more than the topics' retention.",
+)
+@click.option("--batch-size", default=10_000, show_default=True, help="Rows deleted per transaction.")
+@click.option("--consumer", "consumer_name", help="Only this consumer's rows (default: every consumer's).")
+@handles_errors
+def consumer_prune(
+    config_file: Path | None,
+    processed_table: str,
+    older_than: str,
+    batch_size: int,
+    consumer_name: str | None,
+    **flags: Any,
+) -> None:
+    """Delete old processed_events rows in small batches.
+
+    A deleted row forgets its event: a redelivery after that runs the handler again. Keep rows longer than
+    any event can come back (the topic's retention, plus the longest consumer lag)."""
+    from cdc.consumer.processed import parse_table, prune
+    from cdc.ops.retention import parse_duration
+
+    table = parse_table(processed_table)
+    settings = build_settings(config_file, **flags)
+    deleted = prune(
+        settings.database_url,
+        parse_duration(older_than),
+        table=table,
+        batch_size=batch_size,
+        consumer=consumer_name,
+    )
+    click.echo(f"deleted {deleted} rows older than {older_than} from {table}")
+
+
+@main.group()
+def config() -> None:
+    """Inspect the effective configuration."""
+
+
+@config.command("show")
+@settings_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of TOML-like lines.")
+@handles_errors
+def config_show(config_file: Path | None, as_json: bool, **flags: Any) -> None:
+    """Print the effective settings, secrets redacted, with where each value came from."""
+    settings = build_settings(config_file, **flags)
+    data = settings.redacted()
+    data.pop("sources", None)  # shown as the comment of each line, or left out of the JSON
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    for key, value in _flatten(data):
+        source = settings.sources.get(key, "default")
+        click.echo(f"{key} = {json.dumps(value, default=str)}  # {source}")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and key in {"kafka", "extra"}:
+            out.extend(_flatten(value, prefix if key == "extra" else f"{prefix}{key}."))
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

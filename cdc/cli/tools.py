@@ -1,0 +1,175 @@
+"""`cdc schemas list|check|register` and `cdc dlq list|show|replay`: the schemas and the dead letters."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cdc.cli.options import build_settings, handles_errors, settings_options
+from cdc.config import MODES
+
+
+@click.group()
+def schemas() -> None:
+    """The event schemas in schemas_dir: list, check compatibility, register in a schema registry."""
+
+
+@schemas.command("list")
+@settings_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handles_errors
+def schemas_list(config_file: Path | None, as_json: bool, **flags: Any) -> None:
+    """Every schema file: event type, version, record name, fingerprint (or why it does not load)."""
+    from cdc.avro.catalog import list_schemas
+
+    settings = build_settings(config_file, require_database=False, **flags)
+    infos = list_schemas(settings.schemas_dir)
+    if as_json:
+        rows = [{**vars(i), "path": str(i.path)} for i in infos]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'EVENT TYPE':<28} {'VERSION':>7}  {'FINGERPRINT':<16}  RECORD / PROBLEM")
+    for i in infos:
+        detail = f"ERROR: {i.error}" if i.error else f"{i.name} ({i.fields} fields)"
+        click.echo(f"{i.event_type:<28} {'v' + str(i.version):>7}  {i.fingerprint or '-':<16}  {detail}")
+
+
+@schemas.command("check")
+@settings_options
+@click.option(
+    "--mode",
+    type=click.Choice(MODES, case_sensitive=False),
+    help="Compatibility mode (default: the schema_compatibility setting, BACKWARD).",
+)
+@handles_errors
+def schemas_check(config_file: Path | None, mode: str | None, **flags: Any) -> None:
+    """Parse every schema, require contiguous versions, check each version against the earlier ones.
+
+    Exits 1 when anything is wrong, so it can gate a deploy."""
+    from cdc.avro.catalog import check_schemas
+    from cdc.errors import SchemaCompatibilityError
+
+    settings = build_settings(config_file, require_database=False, **flags)
+    report = check_schemas(settings.schemas_dir, (mode or settings.schema_compatibility).upper())
+    for event_type, versions in report.versions.items():
+        click.echo(f"{event_type}: v{', v'.join(map(str, versions))}")
+    for problem in report.problems:
+        click.echo(f"FAIL: {problem}")
+    if not report.ok:
+        raise SchemaCompatibilityError(
+            f"{len(report.problems)} schema problem(s) in {report.schemas_dir} under {report.mode}"
+        )
+    click.echo(
+        f"ok: {sum(map(len, report.versions.values()))} schemas in {report.schemas_dir}, {report.mode}"
+    )
+
+
+@schemas.command("register")
+@settings_options
+@click.option("--schema-registry-url", help="Confluent-compatible registry (or CDC_SCHEMA_REGISTRY_URL).")
+@click.option(
+    "--aggregate-type", "aggregate_types", multiple=True, help="Register for this aggregate's topic."
+)
+@click.option("--topic", "topics", multiple=True, help="Register under this topic's subjects.")
+@click.option("--event-type", "event_types", multiple=True, help="Only this event type (repeatable).")
+@handles_errors
+def schemas_register(
+    config_file: Path | None,
+    schema_registry_url: str | None,
+    aggregate_types: tuple[str, ...],
+    topics: tuple[str, ...],
+    event_types: tuple[str, ...],
+    **flags: Any,
+) -> None:
+    """Register every version, in order, in the schema registry (sets each subject's compatibility)."""
+    from cdc.avro.catalog import register_schemas
+
+    settings = build_settings(config_file, require_database=False, **flags)
+    if schema_registry_url is not None:
+        from dataclasses import replace
+
+        settings = replace(settings, schema_registry_url=schema_registry_url)
+    done = register_schemas(
+        settings,
+        aggregate_types=list(aggregate_types),
+        topics=list(topics),
+        event_types=list(event_types) or None,
+    )
+    for r in done:
+        click.echo(f"{r.subject}: {r.event_type} v{r.version} has id {r.schema_id}")
+
+
+@click.group()
+def dlq() -> None:
+    """The dead-letter topic: list, inspect and replay events the pipeline could not publish."""
+
+
+@dlq.command("list")
+@settings_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@handles_errors
+def dlq_list(config_file: Path | None, as_json: bool, **flags: Any) -> None:
+    """Unresolved dead-letter records: id, event type, version, reason, time, partition:offset."""
+    from cdc.ops.dlq import DeadLetterTopic
+
+    settings = build_settings(config_file, require_database=False, **flags)
+    with DeadLetterTopic(settings) as topic:
+        rows = [r.summary() for r in topic.scan().listing()]
+    if as_json or not rows:
+        click.echo(json.dumps(rows, indent=2) if as_json else f"nothing unresolved in {settings.dlq_topic}")
+        return
+    table = [["ID", "EVENT TYPE", "VERSION", "REASON", "TIME", "POSITION"], *(list(r.values()) for r in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@dlq.command("show")
+@settings_options
+@click.argument("record_id", metavar="ID")
+@click.option("--payload", is_flag=True, help="Also print the payload (it may hold personal data).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
+@handles_errors
+def dlq_show(config_file: Path | None, record_id: str, payload: bool, as_json: bool, **flags: Any) -> None:
+    """One unresolved record (ID: event id or partition:offset): headers, reason and message."""
+    from cdc.ops.dlq import DeadLetterTopic
+
+    settings = build_settings(config_file, require_database=False, **flags)
+    with DeadLetterTopic(settings) as topic:
+        details = topic.scan().find(record_id).details(payload)
+    if as_json:
+        click.echo(json.dumps(details, indent=2))
+        return
+    for key, value in details.items():
+        if key == "headers":
+            click.echo("headers:\n" + "\n".join(f"  {name}: {text}" for name, text in value))
+        elif key == "payload":
+            click.echo("payload:\n" + json.dumps(value, indent=2))
+        else:
+            click.echo(f"{key}: {value}")
+
+
+@dlq.command("replay")
+@settings_options
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "replay_all", is_flag=True, help="Replay every unresolved record.")
+@handles_errors
+def dlq_replay(config_file: Path | None, ids: tuple[str, ...], replay_all: bool, **flags: Any) -> None:
+    """Publish records again to their original topics with the current schemas; exit 1 if any still fails."""
+    from cdc.ops.replay import replay
+
+    if bool(ids) == replay_all:
+        raise click.UsageError("give the ids of records to replay (see `cdc dlq list`), or --all")
+    settings = build_settings(config_file, require_database=False, **flags)
+    result = replay(settings, ids, replay_all=replay_all)
+    for o in result.outcomes:
+        failing = f"still failing {o.id}: {o.reason}: {o.message}"
+        click.echo(failing if o.reason else f"replayed {o.id} to {o.topic}")
+    if not result.outcomes:
+        click.echo(f"nothing to replay in {settings.dlq_topic}")
+    if result.failing:
+        sys.exit(1)

@@ -1,0 +1,182 @@
+"""`cdc dlq replay`: dead letters sent back to their original topics, once their cause is fixed.
+
+A replayed record is encoded again from its payload (the schema may have been added since), produced to its
+original topic, and marked as resolved in the dead-letter topic once Kafka acknowledged it
+(:mod:`cdc.ops.dlq` reads the topic and finds what is unresolved).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from cdc.avro.encoder import AvroEncoder, confluent_header
+from cdc.avro.store import SchemaStore
+from cdc.config import Settings
+from cdc.errors import DeadLetterError, EventError, MalformedEventError, SinkError
+from cdc.logs import kafka_log
+from cdc.ops.dlq import (
+    REPLAYED_FROM,
+    RESOLVED,
+    DeadLetter,
+    DeadLetterTopic,
+    Position,
+    Scan,
+    _at,
+    _reason,
+    split_headers,
+)
+from cdc.stream.sink import Headers, KafkaSink, producer_config
+
+if TYPE_CHECKING:
+    from cdc.avro.registry import SchemaRegistry
+
+__all__ = ["Outcome", "ReplayResult", "replay"]
+
+log = logging.getLogger("cdc.dlq")
+
+_Reports = dict[int, tuple[KafkaError | None, int]]  # n-th record produced -> (error, offset)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a replay did to one record: ``topic`` when it was replayed, ``reason`` when it still fails."""
+
+    id: str
+    position: Position
+    topic: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass
+class ReplayResult:
+    outcomes: list[Outcome] = field(default_factory=list)  # in (partition, offset) order
+
+    @property
+    def replayed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.reason]
+
+    @property
+    def failing(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.reason]
+
+
+def replay(settings: Settings, ids: Sequence[str], *, replay_all: bool = False) -> ReplayResult:
+    """Replay the records named by ``ids`` (or every unresolved one), in (partition, offset) order."""
+    with DeadLetterTopic(settings) as dlq:
+        scan = dlq.scan()
+        chosen = scan.listing() if replay_all else list({r.position: r for r in map(scan.find, ids)}.values())
+        replayer = _Replayer(settings, scan)
+        try:
+            result, markers = replayer.run(sorted(chosen, key=lambda r: r.position))
+        finally:
+            if replayer.registry is not None:
+                replayer.registry.close()
+        dlq.commit(scan.resume_offsets(markers))
+    return result
+
+
+class _Replayer:
+    def __init__(self, settings: Settings, scan: Scan) -> None:
+        self.settings, self.scan, store = settings, scan, SchemaStore(settings.schemas_dir)
+        self.encoder = AvroEncoder(store)
+        confluent = settings.value_format == "confluent"
+        self.registry: SchemaRegistry | None = None
+        if confluent:
+            from cdc.avro.registry import SchemaRegistry  # its HTTP stack only when the framing needs it
+
+            self.registry = SchemaRegistry.from_settings(settings, store)
+
+    def encode(self, record: DeadLetter) -> bytes:
+        """The value the pipeline would publish today; an EventError when it still cannot."""
+        topic, event_type = record.header("original_topic"), record.header("event_type")
+        if record.value is None or not topic:  # too large or malformed: the pipeline kept no payload
+            exc = EventError("the dead-letter record has no payload (none is kept for this reason)")
+            exc.reason = record.header("error_reason") or "malformed_event"
+            raise exc
+        try:
+            version = int(record.header("schema_version"))
+        except ValueError:
+            raise MalformedEventError("header schema_version is not an integer") from None
+        encode = self.encoder.encoder_for(event_type, version)  # a missing schema file is the event's fault
+        if self.registry is not None:
+            schema_id = self.registry.schema_id(topic, event_type, version)
+            encode = self.encoder.encoder_for(event_type, version, header=confluent_header(schema_id))
+        return encode(record.value)
+
+    def run(self, chosen: list[DeadLetter]) -> tuple[ReplayResult, dict[int, list[int]]]:
+        result, ready = ReplayResult(), list[tuple[DeadLetter, str]]()
+        sink, reports, failure = KafkaSink(self.settings), _Reports(), ""
+        for record in chosen:
+            topic, at = record.header("original_topic"), f"{self.settings.dlq_topic}:{_at(record.position)}"
+            try:
+                value = self.encode(record)
+                headers: Headers = [*split_headers(record.headers)[0], (REPLAYED_FROM, at.encode())]
+                sink.ensure_topic(topic)  # a schema_not_found event never had its topic made
+                done = _on(reports, len(ready))
+                sink.produce(topic, record.key, value, headers, record.timestamp_ms, done, lambda: None)
+                ready.append((record, topic))
+            except EventError as exc:  # still the event's fault (too large included): it stays
+                result.outcomes.append(Outcome(record.id, record.position, "", exc.reason, exc.message))
+            except SinkError as exc:  # infrastructure (registry down, topic missing): stop here
+                failure = f"replaying {record.id} failed: {exc}"
+                break
+        # Flushed and judged even after a failure: what Kafka acknowledged is marked, not published twice.
+        acked = self._acked(sink.flush, reports, len(ready))
+        delivered = [sent for sent, offset in zip(ready, acked, strict=True) if offset is not None]
+        result.outcomes += [Outcome(record.id, record.position, topic) for record, topic in delivered]
+        if lost := len(ready) - len(delivered):
+            failure = failure or f"Kafka did not acknowledge {lost} replayed records: {_first(reports)}"
+        markers = self._mark(delivered)
+        if failure:
+            raise DeadLetterError(f"{failure}; not marked resolved ({len(delivered)} others were replayed)")
+        result.outcomes.sort(key=lambda o: o.position)
+        return result, markers
+
+    def _mark(self, delivered: list[tuple[DeadLetter, str]]) -> dict[int, list[int]]:
+        """Resolve every copy of each delivered record; returns the markers' offsets per partition."""
+        if not delivered:
+            return {}
+        producer = Producer({**producer_config(self.settings), "logger": kafka_log})
+        reports, targets, dlq = _Reports(), list[Position](), self.settings.dlq_topic
+        for record, topic in delivered:
+            rid, to = record.id.encode(), topic.encode()
+            for copy in self.scan.copies(record):
+                headers: Headers = [(RESOLVED, _at(copy.position).encode()), ("id", rid), ("replayed_to", to)]
+                # Into the record's own partition: resume_offset's safety rests on it.
+                done = _on(reports, len(targets))
+                producer.produce(dlq, None, None, copy.partition, on_delivery=done, headers=headers)
+                targets.append(copy.position)
+        markers: defaultdict[int, list[int]] = defaultdict(list)
+        for target, offset in zip(targets, self._acked(producer.flush, reports, len(targets)), strict=True):
+            if offset is not None:
+                self.scan.resolved.add(target)
+                markers[target[0]].append(offset)
+        if unmarked := [_at(t) for t in targets if t not in self.scan.resolved]:
+            raise DeadLetterError(
+                f"dead-letter records {', '.join(unmarked)} were replayed but could not be marked resolved "
+                f"({_first(reports)}): a later replay publishes them again"
+            )
+        return markers
+
+    def _acked(self, flush: Callable[[float], int], reports: _Reports, n: int) -> list[int | None]:
+        """After producing ``n`` records: the offset of each one Kafka acknowledged, None for the others."""
+        flush(self.settings.delivery_timeout + 5)  # by then the producer has timed out what it could not send
+        return [r[1] if (r := reports.get(i)) is not None and r[0] is None else None for i in range(n)]
+
+
+def _on(reports: _Reports, i: int) -> Callable[[KafkaError | None, Message], None]:
+    def delivered(err: KafkaError | None, msg: Message) -> None:
+        reports[i] = (err, (msg.offset() or 0) if err is None else -1)
+
+    return delivered
+
+
+def _first(reports: _Reports) -> str:
+    return next((_reason(e) for e, _ in reports.values() if e is not None), "no delivery report in time")

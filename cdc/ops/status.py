@@ -1,0 +1,165 @@
+"""`cdc status` and `cdc teardown`: what the slot holds back, and removing what `cdc setup` made.
+
+Status reads only catalog views and the outbox table, so it can run next to a streaming pipeline and serve
+as an alerting check: a missing or invalidated slot is an error (non-zero exit), after the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psycopg
+
+from cdc.config import Settings
+from cdc.errors import (
+    CdcError,
+    SlotActiveError,
+    SlotInvalidatedError,
+    SlotMissingError,
+    parse_lsn,
+)
+from cdc.pg import connect
+from cdc.stream.heartbeat import heartbeat_table
+from cdc.stream.source import quote_ident
+
+
+@dataclass(frozen=True, slots=True)
+class SlotStatus:
+    slot: str
+    present: bool
+    active: bool = False
+    active_pid: int | None = None
+    wal_status: str | None = None
+    confirmed_flush_lsn: str | None = None
+    restart_lsn: str | None = None
+    current_wal_lsn: str | None = None
+    lag_bytes: int | None = None
+    retained_wal_bytes: int | None = None
+    safe_wal_size: int | None = None
+    outbox_rows: int | None = None
+    oldest_row_age_s: float | None = None
+    last_heartbeat_seen: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def problem(self) -> CdcError | None:
+        """What makes this status an alert: a slot that is missing or lost."""
+        if not self.present:
+            return SlotMissingError(
+                f"replication slot '{self.slot}' does not exist; create it with `cdc setup`"
+            )
+        if self.wal_status == "lost":
+            return SlotInvalidatedError(
+                f"replication slot '{self.slot}' was invalidated (wal_status = lost): events may be missing"
+            )
+        return None
+
+
+def slot_status(settings: Settings) -> SlotStatus:
+    with connect(settings.database_url) as conn:
+        current = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        row = conn.execute(
+            "SELECT active, active_pid, wal_status, confirmed_flush_lsn::text, restart_lsn::text,"
+            " safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+            (settings.slot,),
+        ).fetchone()
+        rows, age = _outbox_rows(conn, settings)
+        heartbeat = _last_heartbeat(conn, settings)
+    current_lsn = current[0] if current else None
+    if row is None:
+        return SlotStatus(
+            slot=settings.slot,
+            present=False,
+            current_wal_lsn=current_lsn,
+            outbox_rows=rows,
+            oldest_row_age_s=age,
+            last_heartbeat_seen=heartbeat,
+        )
+    active, pid, wal_status, confirmed, restart, safe = row
+    now = parse_lsn(current_lsn) if current_lsn else None
+    return SlotStatus(
+        slot=settings.slot,
+        present=True,
+        active=bool(active),
+        active_pid=pid,
+        wal_status=wal_status,
+        confirmed_flush_lsn=confirmed,
+        restart_lsn=restart,
+        current_wal_lsn=current_lsn,
+        lag_bytes=None if now is None or not confirmed else max(0, now - parse_lsn(confirmed)),
+        retained_wal_bytes=None if now is None or not restart else max(0, now - parse_lsn(restart)),
+        safe_wal_size=safe,
+        outbox_rows=rows,
+        oldest_row_age_s=age,
+        last_heartbeat_seen=heartbeat,
+    )
+
+
+def _last_heartbeat(conn: psycopg.Connection[Any], settings: Settings) -> str | None:
+    """When `cdc run` last read its own heartbeat back from the stream (None: never, or no table)."""
+    table = heartbeat_table(settings)
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(f"SELECT seen_at FROM {table} WHERE slot = %s", (settings.slot,)).fetchone()
+    return None if row is None else str(row[0].isoformat())
+
+
+def _outbox_rows(conn: psycopg.Connection[Any], settings: Settings) -> tuple[int | None, float | None]:
+    table = f"{quote_ident(settings.table.schema)}.{quote_ident(settings.table.name)}"
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    if not exists or not exists[0]:
+        return None, None
+    created_at = settings.columns.created_at
+    if created_at is None:
+        count = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return (count[0] if count else None), None
+    row = conn.execute(
+        f"SELECT count(*), extract(epoch FROM now() - min({quote_ident(created_at)})) FROM {table}"
+    ).fetchone()
+    if row is None:
+        return None, None
+    return row[0], (None if row[1] is None else round(float(row[1]), 1))
+
+
+def render(status: SlotStatus) -> str:
+    """A readable two-column table."""
+    lines = []
+    for key, value in status.as_dict().items():
+        if key.endswith("_bytes") or key == "safe_wal_size":
+            shown = "-" if value is None else f"{value:,} bytes"
+        elif value is None:
+            shown = "-"
+        else:
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+        lines.append(f"{key.replace('_', ' '):<22} {shown}")
+    return "\n".join(lines)
+
+
+def teardown(settings: Settings) -> list[str]:
+    """Drop the slot and the publication. Refuses while the slot is in use; the table is left alone."""
+    done = []
+    with connect(settings.database_url) as conn:
+        row = conn.execute(
+            "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = %s", (settings.slot,)
+        ).fetchone()
+        if row is not None and row[0]:
+            raise SlotActiveError(
+                f"replication slot '{settings.slot}' is in use by pid {row[1]}: stop the pipeline first"
+            )
+        if row is not None:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (settings.slot,))
+            done.append(f"dropped slot {settings.slot}")
+        else:
+            done.append(f"slot {settings.slot} was not there")
+        exists = conn.execute(
+            "SELECT 1 FROM pg_publication WHERE pubname = %s", (settings.publication,)
+        ).fetchone()
+        if exists:
+            conn.execute(f"DROP PUBLICATION {quote_ident(settings.publication)}")
+            done.append(f"dropped publication {settings.publication}")
+        else:
+            done.append(f"publication {settings.publication} was not there")
+    return done

@@ -1,0 +1,92 @@
+"""Heartbeats: keep the slot of a quiet outbox moving, and leave a trace that `cdc status` can read.
+
+While the stream carries no changes for ``heartbeat_interval``, the pipeline writes a tiny non-transactional
+logical message (prefix ``cdc-heartbeat``) into its own database on an ordinary connection. It comes back on
+the stream like any change, so the slot has WAL of its own to confirm even when other databases on the
+cluster write all the rest. When it comes back, the time is noted in the ``cdc_heartbeat`` table (one row
+per slot, not published). Best effort throughout: a failure is a warning, retried at the next interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc.config import Settings
+from cdc.errors import SourceConnectionError, first_line
+from cdc.pg import connect
+
+log = logging.getLogger("cdc.heartbeat")
+
+PREFIX = "cdc-heartbeat"
+STATEMENT_TIMEOUT_MS = 5000
+LOCK_TIMEOUT_MS = 2000
+
+HEARTBEAT_TABLE = "cdc_heartbeat"
+
+
+def heartbeat_table(settings: Settings) -> str:
+    """The quoted name of the table where `cdc run` notes the heartbeats it saw, beside the outbox (made by
+    `cdc setup`)."""
+    return sql.Identifier(settings.table.schema, HEARTBEAT_TABLE).as_string()
+
+
+class Heartbeat:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.interval = settings.heartbeat_interval
+        self.seen = 0
+        self.last_seen = 0.0  # Unix time the last heartbeat came back on the stream
+        self._last_emitted = 0.0  # monotonic
+        self._conn: psycopg.Connection[Any] | None = None
+        self._table_missing = False
+
+    def due(self, now: float, last_change: float) -> bool:
+        """No change on the stream, and no heartbeat, for an interval (monotonic seconds)."""
+        return now - last_change >= self.interval and now - self._last_emitted >= self.interval
+
+    def emit(self, now: float) -> None:
+        self._last_emitted = now
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.settings.database_url)
+                # The stream's only thread waits on these statements: a lock held on the heartbeat table, or
+                # a server that hangs, must cost a warning, not the stream.
+                self._conn.execute(
+                    "SELECT set_config('statement_timeout', %s, false),"
+                    " set_config('lock_timeout', %s, false)",
+                    (f"{STATEMENT_TIMEOUT_MS}ms", f"{LOCK_TIMEOUT_MS}ms"),
+                )
+            self._conn.execute("SELECT pg_logical_emit_message(false, %s, now()::text)", (PREFIX,))
+        except (psycopg.Error, SourceConnectionError) as exc:
+            log.warning("heartbeat failed (%s); trying again in %g s", first_line(exc), self.interval)
+            self.close()
+
+    def came_back(self) -> None:
+        """Our heartbeat was read back from the stream: count it and note it for `cdc status`."""
+        self.seen += 1
+        self.last_seen = time.time()
+        conn = self._conn
+        if conn is None or self._table_missing:
+            return
+        table = heartbeat_table(self.settings)
+        try:
+            conn.execute(
+                f"INSERT INTO {table} (slot, seen_at) VALUES (%s, now())"
+                " ON CONFLICT (slot) DO UPDATE SET seen_at = excluded.seen_at",
+                (self.settings.slot,),
+            )
+        except psycopg.errors.UndefinedTable:
+            self._table_missing = True
+            log.warning("heartbeats are not noted for `cdc status`: run `cdc setup` to create %s", table)
+        except psycopg.Error as exc:
+            log.warning("could not note the heartbeat (%s)", first_line(exc))
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

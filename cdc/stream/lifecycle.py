@@ -1,0 +1,244 @@
+"""The pipeline's life: start, stream, reconnect with backoff, replay after a refusal, shut down.
+
+A lost PostgreSQL connection is retried with exponential backoff: the stream restarts from the slot, so
+nothing is skipped, after Kafka finished what it had (so the replays come after the first copies). Records
+Kafka refused make it replay from the slot with a new producer (:mod:`cdc.stream.refusals`). Any other
+failed delivery ends the run without confirming past it. SIGTERM stops reading, waits (bounded) for what is
+in flight, confirms what was acknowledged and closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from cdc.avro.encoder import AvroEncoder
+from cdc.avro.store import SchemaStore
+from cdc.config import Settings, describe_dsn
+from cdc.errors import DeliveryError, DeliveryRefusedError, SlotActiveError, SourceConnectionError, format_lsn
+from cdc.stream.checkpoint import AckLatency, AckTracker, Transaction
+from cdc.stream.delivery import Delivery, delivery_log
+from cdc.stream.heartbeat import Heartbeat
+from cdc.stream.refusals import RefusalLedger
+from cdc.stream.route import EventRouter
+from cdc.stream.sink import KafkaSink
+from cdc.stream.source import ReplicationSource, preflight
+from cdc.stream.waits import Backoff, StopRequested
+
+if TYPE_CHECKING:
+    from cdc.avro.registry import SchemaRegistry
+    from cdc.stream.pipeline import Route
+
+log = logging.getLogger("cdc.pipeline")
+
+
+class Lifecycle(Delivery):
+    """Everything about the pipeline but the stream loop itself (:class:`cdc.stream.pipeline.Pipeline`)."""
+
+    def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
+        self.settings = settings
+        self.router = EventRouter(settings)
+        store = SchemaStore(settings.schemas_dir)
+        self.encoder = AvroEncoder(store)
+        self.registry: SchemaRegistry | None = None
+        if settings.value_format == "confluent":
+            # Imported only here: the registry client's HTTP stack costs start-up time and ~15 MB of RSS.
+            from cdc.avro.registry import SchemaRegistry
+
+            self.registry = SchemaRegistry.from_settings(settings, store)
+        self.sink = sink or KafkaSink(settings)
+        self.latency = AckLatency()
+        self.tracker = AckTracker(latency=self.latency)
+        self._backoff = Backoff(settings.backoff_initial, settings.backoff_multiplier, settings.backoff_max)
+        self._stop = False
+        self._source: ReplicationSource | None = None
+        self._received = 0  # the highest WAL position read from the stream
+        self._sent_confirmed = -1
+        self._txn: Transaction | None = None
+        self._txn_lsn = b""
+        self._txn_xid = b""
+        self._txn_ts_ms = 0
+        self.published_by_topic: defaultdict[str, int] = defaultdict(int)
+        self.dead_lettered_by_reason: defaultdict[str, int] = defaultdict(int)
+        self.delivery_errors = 0
+        self.ignored_messages = 0  # non-transactional 'outbox' logical messages: not events
+        self.reconnects = 0
+        self.refusals = RefusalLedger()
+        self.refusal_replays = 0  # times Kafka refused records and the stream was replayed to find why
+        self._alone: bytes | None = None  # the digest of the record produced alone, while it is
+        self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
+        self.heartbeat = Heartbeat(settings)
+        self._last_data = time.monotonic()  # when the stream last carried a change
+        self._routes: dict[tuple[bytes, bytes, bytes], Route] = {}
+        # Decided once: the hot path must not pay for a closure per event when nobody reads the lines.
+        self._trace = delivery_log.isEnabledFor(logging.DEBUG)
+
+    @property
+    def events_published(self) -> int:
+        return sum(self.published_by_topic.values())
+
+    @property
+    def events_dead_lettered(self) -> int:
+        return sum(self.dead_lettered_by_reason.values())
+
+    def not_ready(self) -> list[str]:
+        """Why the pipeline is not ready (empty when it is): for /readyz."""
+        reasons = []
+        if self._source is None:
+            reasons.append("not streaming from PostgreSQL")
+        if not self.sink.broker_reachable():
+            reasons.append("Kafka does not answer")
+        return reasons
+
+    def request_stop(self) -> None:
+        """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler)."""
+        self._stop = True
+
+    def run(self) -> None:
+        """Stream until a stop is requested; raise a CdcError when the pipeline cannot go on."""
+        s = self.settings
+        log.info(
+            "starting: database %s, slot %s, publication %s, table %s, kafka %s",
+            describe_dsn(s.database_url),
+            s.slot,
+            s.publication,
+            s.table,
+            s.kafka.bootstrap_servers,
+        )
+        self.sink.check_broker(s.startup_timeout)
+        backoff = self._backoff
+        first = True
+        try:
+            while not self._stop:
+                try:
+                    self._session(first)
+                    break
+                except StopRequested:
+                    break
+                except DeliveryRefusedError as exc:
+                    self._replay_after_refusal(exc)
+                except (SourceConnectionError, SlotActiveError) as exc:
+                    # A slot still held by our own dead walsender is transient after a lost connection;
+                    # at the first start it means another pipeline, which is a refusal.
+                    if first and (isinstance(exc, SlotActiveError) or self._source is None):
+                        raise
+                    self._close_source()
+                    self.reconnects += 1
+                    self._drain_after_loss()
+                    delay = backoff.next_delay()
+                    log.warning(
+                        "PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, backoff.attempt
+                    )
+                    self._sleep(delay)
+                first = False
+        finally:
+            self._shutdown()
+
+    def _session(self, first: bool) -> None:
+        if self.tracker.failure is not None or self.sink.fatal_error is not None:
+            self._delivery_failed()  # seen while reconnecting: must not be forgotten with the old tracker
+        s = self.settings
+        info = preflight(
+            s.database_url, slot=s.slot, publication=s.publication, table=(s.table.schema, s.table.name)
+        )
+        self.tracker = AckTracker(
+            max(info.confirmed_flush_lsn, self.tracker.confirmed_lsn), latency=self.latency
+        )
+        self._sent_confirmed = -1
+        self._txn = None
+        source = ReplicationSource(s.database_url, slot=s.slot, publication=s.publication)
+        source.start()
+        self._source = source
+        self._backoff.reset()
+        log.info(
+            "slot %s: resuming after confirmed LSN %s%s",
+            s.slot,
+            format_lsn(info.confirmed_flush_lsn),
+            "" if first else " (reconnected)",
+        )
+        self._stream(source)
+
+    def _stream(self, source: ReplicationSource) -> None:
+        raise NotImplementedError  # the hot loop: cdc.stream.pipeline.Pipeline
+
+    def _replay_after_refusal(self, exc: DeliveryRefusedError) -> None:
+        """Kafka refused records and the producer stopped before anything went behind them: replay from
+        the slot with a new producer; the refused records are produced alone, and the one Kafka refuses
+        alone is dead-lettered (cdc.stream.refusals)."""
+        self.refusals.note(
+            exc.refused, alone=self._alone, at=self.tracker.confirmed_lsn, until=self._received
+        )
+        self._alone = None
+        self._close_source()
+        self.sink.reset()
+        self.tracker = AckTracker(self.tracker.confirmed_lsn, latency=self.latency)
+        self._routes.clear()  # topic limits are read again
+        self.refusal_replays += 1
+        log.warning(
+            "%s; replaying from the slot and producing the refused records one at a time (replay %d)",
+            exc,
+            self.refusal_replays,
+        )
+
+    def _drain_after_loss(self) -> None:
+        """After losing the source: let Kafka finish what it has, so the restarted stream's replays come
+        after, not interleaved with, the first copies (per-aggregate order across reconnects)."""
+        left = self.sink.flush(self.settings.shutdown_timeout)
+        if left:
+            raise DeliveryError(
+                f"{left} events still unacknowledged {self.settings.shutdown_timeout:g} s after "
+                "losing PostgreSQL; stopping",
+                lsn=self.tracker.confirmed_lsn,
+            )
+
+    def _close_source(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            source.close()
+
+    def _shutdown(self) -> None:
+        """Stop reading, wait (bounded) for what is in flight, confirm what was acknowledged, close."""
+        timeout = self.settings.shutdown_timeout
+        if self.tracker.failure is not None:
+            self.sink.purge_queue()  # what it still holds would land behind the failed record
+        left = self.sink.flush(timeout)
+        if left:
+            log.warning(
+                "%d events not acknowledged within shutdown_timeout (%g s); they will be published "
+                "again after a restart",
+                left,
+                timeout,
+            )
+        self.heartbeat.close()
+        if self.registry is not None:
+            self.registry.close()
+        source = self._source
+        if source is not None:
+            try:
+                self._send_status()
+            except SourceConnectionError as exc:
+                log.warning(
+                    "could not confirm %s at shutdown (%s): events after the slot's position will be "
+                    "published again",
+                    format_lsn(self.tracker.confirmed_lsn),
+                    exc,
+                )
+            self._source = None
+            source.finish()
+        log.info(
+            "stopped: %d events published, %d dead-lettered, confirmed LSN %s",
+            self.events_published,
+            self.events_dead_lettered,
+            format_lsn(self.tracker.confirmed_lsn),
+        )
+        latency = self.latency
+        if latency.total:
+            log.info(
+                "commit-to-ack over %d events: p50 %s ms, p99 %s ms, max %d ms",
+                latency.total,
+                latency.percentile(0.5),
+                latency.percentile(0.99),
+                latency.max_ms,
+            )

@@ -1,0 +1,393 @@
+"""Kafka: an idempotent producer that never drops a record and never produces into a topic that is not there.
+
+The sink owns the confluent-kafka Producer and an AdminClient for topics. Delivery reports go straight to the
+callback the caller hands over (``checkpoint.Transaction.delivered``); they run inside ``poll()`` on the
+pipeline's thread, so the bookkeeping needs no lock.
+
+A full local queue (``BufferError``) is met by serving callbacks and trying again, with a ``waiting`` hook so
+the pipeline keeps the replication connection alive meanwhile; a record is never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+# NewTopic lives in confluent_kafka.admin at run time; its stubs just do not re-export it.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from cdc.config import Settings
+from cdc.errors import (
+    BrokerUnreachableError,
+    CdcError,
+    DeliveryError,
+    EventTooLargeError,
+    SinkError,
+    TopicMissingError,
+)
+from cdc.logs import kafka_log
+from cdc.stream.refusals import safe_batch_size, worst_case_size
+
+log = logging.getLogger("cdc.sink")
+Headers = list[tuple[str, str | bytes | None]]
+DeliveryCallback = Callable[[Any, Any], None]
+
+# Settings the pipeline's guarantees rest on; config validation refuses attempts to override them.
+#
+# One request in flight per broker connection: with more, a request R2 can be accepted while an earlier R1 to
+# the same partition failed with a retriable error (a partition whose leader is not serving yet: a topic
+# created a moment ago, a leader that moved). A broker takes any first sequence number from a producer id it
+# has no state for on that partition, so it appends R2 without R1; librdkafka then counts R1's records as
+# "implicitly acked by subsequent batch success" and reports them delivered. They never reach the log. With
+# one request in flight, R1 is retried before anything after it is sent.
+FIXED_PRODUCER_CONFIG: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "max.in.flight.requests.per.connection": 1,
+    # A batch the broker refuses (too large, invalid) makes the producer stop instead of sending the next
+    # one: nothing of a partition is appended behind a refused record, so a replay keeps each key in order.
+    # The pipeline then replays and dead-letters the culprit (cdc.stream.refusals).
+    "enable.gapless.guarantee": True,
+}
+# Below this many bytes a topic's max.message.bytes may refuse what the producer sends: its records are
+# checked before they are produced, and the producer's batches are made to fit it.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    """The producer's librdkafka configuration: our defaults, then the user's `kafka.*` keys, then the
+    settings that guarantees depend on."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka.bootstrap_servers,
+        "compression.type": "lz4",
+        "linger.ms": 10,
+        "batch.num.messages": 10_000,
+        "batch.size": 1_000_000,
+        # Bounded in count and bytes: the in-flight window is what a restart may publish twice.
+        "queue.buffering.max.messages": settings.max_in_flight,
+        "queue.buffering.max.kbytes": 65_536,
+        "message.timeout.ms": int(settings.delivery_timeout * 1000),
+        "reconnect.backoff.ms": int(settings.backoff_initial * 1000),
+        "reconnect.backoff.max.ms": int(settings.backoff_max * 1000),
+        "client.id": "outbox-cdc",
+    }
+    conf.update(settings.kafka.extra)
+    conf.update(FIXED_PRODUCER_CONFIG)
+    return conf
+
+
+def admin_config(settings: Settings) -> dict[str, Any]:
+    """Connection and security settings only: producer tuning keys mean nothing to an admin client."""
+    conf: dict[str, Any] = {"bootstrap.servers": settings.kafka.bootstrap_servers}
+    for key, value in settings.kafka.extra.items():
+        if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.")):
+            conf[key] = value
+    return conf
+
+
+class KafkaSink:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.fatal_error: KafkaError | None = None
+        self._last_error_log = 0.0
+        self._conf = producer_config(settings)
+        # What one record or one batch may take on the wire; a topic that takes less gets checked records.
+        self.message_max_bytes = int(self._conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
+        self._producer = self._new_producer()
+        try:
+            admin_conf = admin_config(settings)
+            admin_conf["logger"] = kafka_log
+            self._admin = AdminClient(admin_conf)
+        except KafkaException as exc:
+            raise SinkError(f"cannot create the Kafka admin client: {exc.args[0]}") from exc
+        self._known_topics: set[str] = set()
+        self._limits: dict[str, int | None] = {}  # topic -> its record limit, None when it needs no check
+        self._limits_unreadable = False
+
+    def _new_producer(self) -> Producer:
+        conf = dict(self._conf)
+        conf["error_cb"] = self._on_error
+        # librdkafka's own log lines go through logging (and so --log-format json), not raw to stderr.
+        conf["logger"] = kafka_log
+        try:
+            producer = Producer(conf)
+        except KafkaException as exc:
+            raise SinkError(f"cannot create the Kafka producer: {exc.args[0]}") from exc
+        # Bound once: produce() runs once per event and attribute look-ups add up.
+        self._produce = producer.produce
+        return producer
+
+    def reset(self) -> None:
+        """A new producer in place of one that stopped (a refused batch, a fatal error): what the old one
+        still held is dropped, not sent, since it would land behind the refused records. Topic limits are
+        read again: a refusal may mean a topic's settings changed."""
+        old = self._producer
+        try:
+            old.purge()
+            old.poll(0)
+        except (KafkaException, SystemError) as exc:
+            log.debug("purging the stopped producer: %s", exc)
+        self.fatal_error = None
+        self._limits.clear()
+        self._producer = self._new_producer()
+
+    def poll(self, timeout: float) -> int:
+        """Serve delivery reports. A fatal producer error (a refused batch under the gapless guarantee)
+        comes as an exception from poll(): it is kept in ``fatal_error`` for the pipeline to act on."""
+        try:
+            return int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.fatal():
+                self._fatal(err)
+                return 0
+            raise DeliveryError(f"Kafka producer: {_kafka_reason(exc)}") from exc
+        except SystemError as exc:
+            # confluent-kafka serving a delivery report while the fatal error is pending: the same event.
+            cause = exc.__cause__
+            err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+            if isinstance(err, KafkaError):
+                self._fatal(err)
+                return 0
+            raise
+
+    def _fatal(self, err: KafkaError) -> None:
+        if self.fatal_error is None:
+            self.fatal_error = err
+            log.error("Kafka producer stopped: %s", err.str())
+
+    def check_broker(self, timeout: float) -> None:
+        """Refuse to start when Kafka does not answer (guarantee: never produce into the void)."""
+        try:
+            metadata = self._admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise BrokerUnreachableError(
+                f"Kafka at {self._settings.kafka.bootstrap_servers} did not answer within {timeout:g} s "
+                f"({_kafka_reason(exc)}). Check kafka.bootstrap_servers (CDC_KAFKA_BOOTSTRAP_SERVERS) and "
+                "that the broker is up"
+            ) from exc
+        self._known_topics.update(metadata.topics)
+
+    def ensure_topic(self, topic: str) -> None:
+        """Make sure ``topic`` exists: known, found in metadata, or created. Raises TopicMissingError when
+        it is absent and creating topics is switched off."""
+        if topic in self._known_topics:
+            return
+        try:
+            metadata = self._admin.list_topics(topic=topic, timeout=10)
+        except KafkaException as exc:
+            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
+        found = metadata.topics.get(topic)
+        if found is not None and found.error is None:
+            risk = replication_risk(topic, found)
+            if risk is not None:
+                log.log(*risk)
+            self._known_topics.add(topic)
+            return
+        if not self._settings.create_topics:
+            raise TopicMissingError(
+                f"topic '{topic}' does not exist and create_topics is off: create it, or set "
+                "create_topics = true; the event waits until then"
+            )
+        self._create_topic(topic)
+        self._known_topics.add(topic)
+
+    def record_limit(self, topic: str) -> int | None:
+        """The most bytes a record for ``topic`` may take, when the topic's ``max.message.bytes`` is below
+        what the producer may send; None when the producer's own limit is the tighter one."""
+        if topic not in self._limits:
+            self._limits[topic] = self._read_limit(topic)
+        return self._limits[topic]
+
+    def batches_fit(self, limit: int) -> bool:
+        """Whether the producer's batches fit a topic that takes ``limit`` bytes at most."""
+        batch = min(int(self._conf.get("batch.size", DEFAULT_MESSAGE_MAX_BYTES)), self.message_max_bytes)
+        return worst_case_size(batch) <= limit
+
+    def shrink_batches(self, limit: int) -> None:
+        """A new producer whose batches fit ``limit``. Call it with an empty queue (after flush)."""
+        size = safe_batch_size(limit)
+        log.info(
+            "producer batches now at most %d bytes, to fit a topic whose max.message.bytes is %d",
+            size,
+            limit,
+        )
+        self._conf["batch.size"] = size
+        self._producer = self._new_producer()
+
+    def _read_limit(self, topic: str) -> int | None:
+        if self._limits_unreadable:
+            return None
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            entries = self._admin.describe_configs([resource], request_timeout=10)[resource].result(
+                timeout=15
+            )
+            limit = int(entries["max.message.bytes"].value)
+        except (KafkaException, KeyError, ValueError, TypeError) as exc:
+            # Without DescribeConfigs rights the limit is found the hard way: a refusal, then a replay.
+            self._limits_unreadable = True
+            log.warning(
+                "cannot read topic %s's max.message.bytes (%s): records are not checked against topic "
+                "limits before they are sent",
+                topic,
+                _kafka_reason(exc) if isinstance(exc, KafkaException) else exc,
+            )
+            return None
+        return None if worst_case_size(self.message_max_bytes) <= limit else limit
+
+    def _create_topic(self, topic: str) -> None:
+        s = self._settings
+        new = NewTopic(
+            topic, num_partitions=s.topic_partitions, replication_factor=s.topic_replication_factor
+        )
+        try:
+            self._admin.create_topics([new], operation_timeout=30)[topic].result(timeout=60)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return
+            raise SinkError(f"cannot create topic '{topic}': {_kafka_reason(exc)}") from exc
+        log.info(
+            "created topic %s (%d partitions, replication factor %d)",
+            topic,
+            s.topic_partitions,
+            s.topic_replication_factor,
+        )
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        timestamp_ms: int,
+        on_delivery: DeliveryCallback,
+        waiting: Callable[[], None],
+    ) -> None:
+        """Hand one record to the producer. When its queue is full, serve callbacks and retry; ``waiting``
+        is called between tries so the caller can keep other connections alive."""
+        try:
+            self._produce(topic, value, key, headers=headers, timestamp=timestamp_ms, on_delivery=on_delivery)
+            return
+        except BufferError:
+            pass
+        except KafkaException as exc:
+            raise _produce_error(topic, exc) from exc
+        started = time.monotonic()
+        while True:
+            self.poll(0.05)
+            if self.fatal_error is not None:
+                raise ProducerStoppedError(f"the Kafka producer stopped: {self.fatal_error.str()}")
+            waiting()
+            try:
+                self._produce(
+                    topic, value, key, headers=headers, timestamp=timestamp_ms, on_delivery=on_delivery
+                )
+            except BufferError:
+                waited = time.monotonic() - started
+                if waited > 5 and time.monotonic() - self._last_error_log > 10:
+                    self._last_error_log = time.monotonic()
+                    log.warning(
+                        "Kafka is not acknowledging: %d records queued for %.0f s; reading paused",
+                        len(self._producer),
+                        waited,
+                    )
+                continue
+            except KafkaException as exc:
+                raise _produce_error(topic, exc) from exc
+            return
+
+    def queue_depth(self) -> int:
+        """Records handed to the producer and not yet acknowledged or failed."""
+        return len(self._producer)
+
+    def broker_reachable(self, timeout: float = 2.0) -> bool:
+        """A metadata round trip to Kafka (for /readyz; librdkafka clients may be used from any thread)."""
+        try:
+            self._admin.list_topics(timeout=timeout)
+        except KafkaException:
+            return False
+        return True
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for outstanding deliveries; returns how many are left. A loop of
+        poll(), not Producer.flush(): a fatal error inside flush() breaks the delivery reports after it."""
+        deadline = time.monotonic() + timeout
+        producer = self._producer
+        while len(producer) and self.fatal_error is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.poll(min(left, 0.1))
+        if self.fatal_error is not None:
+            # Stopped: the reports of what it held come at once, failed; serve them, send nothing more.
+            self.poll(0)
+        return len(producer)
+
+    def purge_queue(self) -> None:
+        """Drop what the producer holds and has not sent: after a failed delivery it would land behind it."""
+        try:
+            self._producer.purge(in_queue=True, in_flight=False)
+        except KafkaException as exc:
+            log.debug("purging the producer's queue: %s", exc)
+        self.poll(0)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal(err)
+            return
+        now = time.monotonic()
+        # librdkafka reconnects on its own; say so at most every few seconds rather than per attempt.
+        if now - self._last_error_log > 5:
+            self._last_error_log = now
+            log.warning("Kafka: %s (librdkafka retries with backoff)", err.str())
+
+
+def replication_risk(topic: str, metadata: Any) -> tuple[int, str] | None:
+    """(log level, line) when the topic's metadata says acknowledged events are at risk: partitions with
+    fewer in-sync replicas than replicas (WARNING: a leader failure there may take acknowledged records with
+    it), or a single replica (INFO: fine on a development stack, not in production). None otherwise."""
+    partitions = list(metadata.partitions.values())
+    short = sorted(p.id for p in partitions if len(p.isrs) < len(p.replicas))
+    if short:
+        return logging.WARNING, (
+            f"topic {topic} is under-replicated: partition(s) {', '.join(map(str, short))} have fewer "
+            "in-sync replicas than replicas, so an acknowledged event there is on fewer brokers than the "
+            "topic promises"
+        )
+    if partitions and all(len(p.replicas) == 1 for p in partitions):
+        return logging.INFO, (
+            f"topic {topic} has a single replica: an acknowledged event there is lost with its broker's disk "
+            "(production needs replication factor 3 and min.insync.replicas = 2)"
+        )
+    return None
+
+
+def _produce_error(topic: str, exc: KafkaException) -> CdcError:
+    """A record the producer refuses before sending: too large is the event's fault (dead-letter topic),
+    anything else stops the pipeline."""
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return EventTooLargeError(f"the record for '{topic}' is larger than the producer's message.max.bytes")
+    if isinstance(err, KafkaError) and err.code() == KafkaError._FATAL:
+        return ProducerStoppedError(f"cannot produce to '{topic}': the producer stopped ({err.str()})")
+    return DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}")
+
+
+class ProducerStoppedError(DeliveryError):
+    """produce() after the producer stopped on a fatal error: the pipeline looks at why (a refusal?)."""
+
+
+def _kafka_reason(exc: KafkaException) -> str:
+    err = exc.args[0] if exc.args else None
+    return err.str() if isinstance(err, KafkaError) else str(exc)

@@ -1,0 +1,297 @@
+"""The replication connection: checks before streaming, START_REPLICATION, CopyData in, status updates out.
+
+Two connections are used. A short-lived ordinary one runs the pre-flight checks (``wal_level``, the slot, the
+publication) so that a refusal is plain and nothing is touched. The long-lived one is a psycopg connection
+with ``replication="database"``; after ``START_REPLICATION`` it is driven through libpq's copy API
+(``pgconn.get_copy_data`` in async mode), waiting on the socket with a timeout so that the pipeline can serve
+Kafka callbacks and status updates while the database is quiet.
+
+The source never decodes pgoutput and never decides what to confirm: it hands out raw CopyData messages and
+sends the LSNs it is told to.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from cdc.errors import (
+    PublicationError,
+    SlotActiveError,
+    SlotInvalidatedError,
+    SlotMissingError,
+    SourceConnectionError,
+    StartupRefusal,
+    WalLevelError,
+    first_line,
+    format_lsn,
+    parse_lsn,
+)
+from cdc.pg import connect
+from cdc.stream.pgoutput import standby_status_update
+
+log = logging.getLogger("cdc.source")
+
+# How many CopyData messages one read() hands out at most: large enough to amortise the wait, small enough
+# that Kafka callbacks and status updates are served in between.
+MAX_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """What the pre-flight checks found: the slot's positions and the server."""
+
+    slot: str
+    confirmed_flush_lsn: int
+    restart_lsn: int
+    wal_status: str | None
+    server_version: int
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def pgoutput_options(server_version: int, publication: str) -> dict[str, str]:
+    """pgoutput options for this server: the highest protocol it speaks, and logical messages where known.
+
+    Streaming of in-progress transactions is left off on purpose: it would hand us changes of transactions
+    that may still abort, and guarantee 1 says rolled-back inserts never reach Kafka.
+    """
+    if server_version >= 160000:
+        proto = "4"
+    elif server_version >= 150000:
+        proto = "3"
+    elif server_version >= 140000:
+        proto = "2"
+    else:
+        proto = "1"
+    options = {"proto_version": proto, "publication_names": quote_ident(publication)}
+    if server_version >= 140000:
+        options["messages"] = "true"
+    return options
+
+
+def check_wal_level(conn: psycopg.Connection[Any]) -> None:
+    """Refuse, with the fix, when the server cannot do logical decoding."""
+    wal_level = _scalar(conn, "SHOW wal_level")
+    if wal_level != "logical":
+        raise WalLevelError(
+            f"PostgreSQL runs with wal_level = '{wal_level}', logical decoding needs 'logical'. Fix: run "
+            "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)"
+        )
+
+
+def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) -> SlotInfo:
+    """Refuse plainly, before streaming, when the database cannot stream the outbox safely."""
+    with connect(dsn) as conn:
+        server_version = conn.info.server_version
+        check_wal_level(conn)
+        user, may_stream = conn.execute(
+            "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() or ("?", False)
+        if not may_stream:
+            raise StartupRefusal(
+                f"role '{user}' may not stream: it lacks the REPLICATION attribute. Fix: ALTER ROLE "
+                f"{quote_ident(user)} REPLICATION; or connect as the role that `cdc setup --role` creates"
+            )
+        dbname = conn.info.dbname
+        row = conn.execute(
+            "SELECT plugin, slot_type, database, active, active_pid, wal_status,"
+            " confirmed_flush_lsn::text, restart_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+        if row is None:
+            raise SlotMissingError(
+                f"replication slot '{slot}' does not exist. Create it with `cdc setup`; it is never created "
+                "automatically, because a new slot starts at the current WAL position and would skip every "
+                "event committed since the old one was lost"
+            )
+        plugin, slot_type, database, active, active_pid, wal_status, confirmed, restart = row
+        if slot_type != "logical" or plugin != "pgoutput":
+            raise StartupRefusal(
+                f"replication slot '{slot}' is a {slot_type} slot of plugin {plugin!r}; "
+                "outbox CDC needs a logical slot of plugin 'pgoutput'"
+            )
+        if database != dbname:
+            raise StartupRefusal(
+                f"replication slot '{slot}' belongs to database '{database}', "
+                f"but the pipeline connects to '{dbname}': fix database_url or slot"
+            )
+        if wal_status == "lost" or restart is None:
+            raise SlotInvalidatedError(
+                f"replication slot '{slot}' was invalidated by PostgreSQL (wal_status = lost): the WAL it "
+                "needed is gone and events may be missing. Drop it (`cdc teardown`), re-create it "
+                "(`cdc setup`) and reconcile the outbox rows written since the last confirmed LSN "
+                f"{confirmed or 'unknown'} by hand"
+            )
+        if active:
+            raise SlotActiveError(
+                f"replication slot '{slot}' is in use by another process (pid {active_pid}); "
+                "only one pipeline may stream from a slot. Stop the other one first"
+            )
+        if _scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)) == 0:
+            raise PublicationError(f"publication '{publication}' does not exist; create it with `cdc setup`")
+        covered = _scalar(
+            conn,
+            "SELECT count(*) FROM pg_publication_tables t JOIN pg_publication p ON p.pubname = t.pubname "
+            "WHERE t.pubname = %s AND t.schemaname = %s AND t.tablename = %s AND p.pubinsert",
+            (publication, table[0], table[1]),
+        )
+        if covered == 0:
+            raise PublicationError(
+                f"publication '{publication}' does not publish inserts of {table[0]}.{table[1]}. Fix: "
+                f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {quote_ident(table[0])}."
+                f"{quote_ident(table[1])}, or correct the 'table' setting"
+            )
+    return SlotInfo(
+        slot=slot,
+        confirmed_flush_lsn=parse_lsn(confirmed) if confirmed else 0,
+        restart_lsn=parse_lsn(restart) if restart else 0,
+        wal_status=wal_status,
+        server_version=server_version,
+    )
+
+
+class ReplicationSource:
+    """One streaming session on a slot. Not reusable: after an error, make a new one."""
+
+    def __init__(self, dsn: str, *, slot: str, publication: str) -> None:
+        self._dsn = dsn
+        self._slot = slot
+        self._publication = publication
+        self._conn: psycopg.Connection[Any] | None = None
+        self._pgconn: pq.abc.PGconn | None = None
+        self._sock = -1
+        self.last_status_at = 0.0
+
+    def start(self) -> None:
+        """Open the replication connection and start streaming from the slot's confirmed position."""
+        try:
+            conn = psycopg.connect(self._dsn, replication="database", autocommit=True, connect_timeout=10)
+        except psycopg.OperationalError as exc:
+            raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
+        self._conn = conn
+        pgconn = conn.pgconn
+        options = pgoutput_options(conn.info.server_version, self._publication)
+        opts = ", ".join(f"{quote_ident(k)} {quote_literal(v)}" for k, v in options.items())
+        # 0/0: the server starts at the slot's confirmed_flush_lsn, the only position we ever trust.
+        command = f"START_REPLICATION SLOT {quote_ident(self._slot)} LOGICAL 0/0 ({opts})"
+        pgconn.send_query(command.encode())
+        result = pgconn.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_BOTH:
+            message = pgconn.get_error_message() if result is None else _result_error(result)
+            sqlstate = None if result is None else result.error_field(pq.DiagnosticField.SQLSTATE)
+            self.close()
+            if sqlstate == b"55006":
+                raise SlotActiveError(
+                    f"replication slot '{self._slot}' is in use by another process: {message}"
+                )
+            if sqlstate == b"42704":
+                raise SlotMissingError(f"replication slot '{self._slot}' does not exist: {message}")
+            raise SourceConnectionError(f"START_REPLICATION failed: {message}")
+        self._pgconn = pgconn
+        self._sock = pgconn.socket
+        log.info("streaming from slot %s (pgoutput proto_version %s)", self._slot, options["proto_version"])
+
+    def read(self, timeout: float) -> list[bytes]:
+        """The CopyData messages that are available, waiting up to ``timeout`` seconds for the first."""
+        pgconn = self._pgconn
+        if pgconn is None:
+            raise SourceConnectionError("the replication stream is not started")
+        out: list[bytes] = []
+        append = out.append
+        get_copy_data = pgconn.get_copy_data
+        sock = [self._sock]
+        wait = timeout
+        try:
+            while True:
+                nbytes, data = get_copy_data(1)
+                if nbytes > 0:
+                    append(bytes(data))
+                    if len(out) >= MAX_BATCH:
+                        return out
+                elif nbytes == 0:
+                    # libpq's buffer is empty. Keep reading while the socket has more (one socket read is
+                    # only a few dozen messages, and every batch costs a poll and a status check); wait
+                    # only when there is nothing at all yet.
+                    ready, _, _ = select.select(sock, [], [], 0 if out else wait)
+                    if not ready:
+                        return out
+                    pgconn.consume_input()
+                    wait = 0
+                else:
+                    result = pgconn.get_result()
+                    message = "the server ended the stream" if result is None else _result_error(result)
+                    raise SourceConnectionError(f"replication stream ended: {message}")
+        except psycopg.OperationalError as exc:
+            raise SourceConnectionError(f"replication connection lost: {first_line(exc)}") from exc
+
+    def send_status(self, written: int, flushed: int, *, reply: bool = False) -> None:
+        """Tell the server how far we have received (``written``) and what it may forget (``flushed``)."""
+        pgconn = self._pgconn
+        if pgconn is None:
+            return
+        now_us = int(time.time() * 1_000_000)
+        message = standby_status_update(written, flushed, flushed, now_us=now_us, reply=reply)
+        try:
+            pgconn.put_copy_data(message)
+            pgconn.flush()
+        except psycopg.OperationalError as exc:
+            raise SourceConnectionError(
+                f"could not send a status update: {first_line(exc)}", lsn=flushed
+            ) from exc
+        self.last_status_at = time.monotonic()
+        log.debug("status update: written %s, flushed %s", format_lsn(written), format_lsn(flushed))
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """End the stream politely: CopyDone, then read (and drop) what the server still sends until it ends
+        the COPY too. Closing the socket at once could reset it while the walsender is writing, and the
+        walsender would then exit without reading our last status update."""
+        pgconn = self._pgconn
+        if pgconn is not None:
+            deadline = time.monotonic() + timeout
+            try:
+                pgconn.put_copy_end()
+                pgconn.flush()
+                while (left := deadline - time.monotonic()) > 0:
+                    nbytes, _ = pgconn.get_copy_data(1)
+                    if nbytes == -1:
+                        while pgconn.get_result() is not None:
+                            pass
+                        break
+                    if nbytes == 0:
+                        select.select([self._sock], [], [], min(left, 0.5))
+                        pgconn.consume_input()
+            except psycopg.OperationalError as exc:
+                log.debug("replication connection ended while finishing: %s", first_line(exc))
+        self.close()
+
+    def close(self) -> None:
+        conn, self._conn, self._pgconn = self._conn, None, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:  # the connection is being dropped anyway; nothing left to report
+                log.debug("error while closing the replication connection", exc_info=True)
+
+
+def _scalar(conn: psycopg.Connection[Any], query: str, params: tuple[object, ...] | None = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0]
+
+
+def _result_error(result: pq.abc.PGresult) -> str:
+    raw = result.error_message
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    return text.strip().splitlines()[0] if text.strip() else f"status {result.status}"

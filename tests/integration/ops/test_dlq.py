@@ -1,0 +1,206 @@
+"""`cdc dlq list|show|replay` against the real stack: an event dead-lettered for a missing schema is replayed
+once the schema exists, exactly once, with its original key and headers; one that can never fit stays."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+from confluent_kafka import Consumer, TopicPartition
+from fastavro import schemaless_reader
+from fastavro.schema import parse_schema
+
+from cdc.avro.encoder import MAGIC
+from cdc.avro.store import SchemaStore
+from tests.plugins.pipeline import SCHEMAS_DIR, cdc, order_placed, topic_size
+
+PLANT = "PAYLOAD-PLANT-5e1f"  # only ever in the payload: wherever it shows up, the payload was shown
+INVOICE_V1 = {
+    "type": "record",
+    "name": "InvoiceIssued",
+    "namespace": "outbox.events",
+    "fields": [
+        {"name": "invoice_id", "type": "string"},
+        {"name": "amount_cents", "type": "long"},
+        {"name": "note", "type": "string"},
+    ],
+}
+
+
+def committed_offsets(bootstrap, topic):
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-dlq-{topic}"})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(3)]
+        return {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
+    finally:
+        consumer.close()
+
+
+def drop_group(kafka_admin, topic):
+    for future in kafka_admin.delete_consumer_groups([f"cdc-dlq-{topic}"], request_timeout=10).values():
+        try:
+            future.result(timeout=10)
+        except Exception:  # no such group (nothing was committed): nothing to clean up
+            pass
+
+
+def test_a_schema_fix_then_replay_publishes_the_event_once_and_the_hopeless_one_stays(
+    outbox, pipeline_process, consume, kafka_bootstrap, kafka_admin, tmp_path
+):
+    schemas = tmp_path / "schemas"
+    shutil.copytree(SCHEMAS_DIR, schemas)
+    env = {**outbox.env, "CDC_SCHEMAS_DIR": str(schemas)}
+    proc = pipeline_process(CDC_SCHEMAS_DIR=str(schemas))
+    proc.wait_streaming()
+    invoice = outbox.event(
+        "inv-1",
+        {"invoice_id": "INV-1", "amount_cents": 4200, "note": PLANT},
+        event_type="InvoiceIssued",
+        aggregate_type="invoice",
+        headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+    )
+    hopeless = outbox.event("o-bad", order_placed("o-bad", amount_cents="many"))
+    txn = outbox.commit([outbox.event("o-1"), invoice, hopeless, outbox.event("o-2")])
+    dead = {r.headers["id"].decode(): r for r in consume(outbox.dlq_topic, 2)}
+    assert set(dead) == {invoice.id, hopeless.id}
+    assert len(consume(outbox.topic("order"), 2)) == 2, "the good events went on"
+    dead_invoice = dead[invoice.id]
+    try:
+        listed = cdc(env, "dlq", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        rows = {row["id"]: row for row in json.loads(listed.stdout)}
+        assert set(rows) == {invoice.id, hopeless.id}
+        assert rows[invoice.id]["reason"] == "schema_not_found"
+        assert rows[invoice.id]["event_type"] == "InvoiceIssued"
+        assert rows[invoice.id]["position"] == f"{dead_invoice.partition}:{dead_invoice.offset}"
+        assert rows[hopeless.id]["reason"] == "payload_invalid"
+        table = cdc(env, "dlq", "list")
+        assert table.returncode == 0, table.stderr
+        assert {invoice.id, hopeless.id, "schema_not_found", "payload_invalid"} <= set(table.stdout.split())
+        assert PLANT not in listed.stdout + table.stdout
+
+        shown = cdc(env, "dlq", "show", invoice.id)
+        assert shown.returncode == 0, shown.stderr
+        assert "error_reason: schema_not_found" in shown.stdout
+        assert "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" in shown.stdout
+        assert f"xid: {txn.xid}" in shown.stdout
+        assert PLANT not in shown.stdout + shown.stderr
+        with_payload = cdc(env, "dlq", "show", invoice.id, "--payload")
+        assert with_payload.returncode == 0 and PLANT in with_payload.stdout
+        by_position = cdc(env, "dlq", "show", rows[invoice.id]["position"], "--payload", "--json")
+        assert by_position.returncode == 0, by_position.stderr
+        assert json.loads(by_position.stdout)["payload"] == invoice.payload
+
+        # The fix: the schema the event was written for.
+        (schemas / "InvoiceIssued").mkdir()
+        (schemas / "InvoiceIssued" / "v1.avsc").write_text(json.dumps(INVOICE_V1))
+        replay = cdc(env, "dlq", "replay", "--all")
+        assert replay.returncode == 1, replay.stdout + replay.stderr
+        lines = replay.stdout.splitlines()
+        expected = sorted(
+            [
+                (
+                    (dead_invoice.partition, dead_invoice.offset),
+                    f"replayed {invoice.id} to {outbox.topic('invoice')}",
+                ),
+                (
+                    (dead[hopeless.id].partition, dead[hopeless.id].offset),
+                    f"still failing {hopeless.id}: payload_invalid: ",
+                ),
+            ]
+        )
+        assert len(lines) == 2, lines
+        for line, (_, start) in zip(
+            lines, expected, strict=True
+        ):  # one line per record, in (partition, offset) order
+            assert line.startswith(start), lines
+        assert PLANT not in replay.stdout + replay.stderr
+
+        arrived = consume(outbox.topic("invoice"), 1)
+        assert len(arrived) == 1
+        record = arrived[0]
+        assert record.key == b"inv-1"
+        assert record.timestamp_ms == dead_invoice.timestamp_ms, "the commit time, as first published"
+        for name in (
+            "id",
+            "event_type",
+            "schema_version",
+            "aggregate_type",
+            "commit_lsn",
+            "xid",
+            "traceparent",
+        ):
+            assert record.headers[name] == dead_invoice.headers[name], name
+        assert record.headers["xid"] == str(txn.xid).encode()
+        assert record.headers["id"] == invoice.id.encode()
+        assert record.headers["cdc_replayed_from"] == (
+            f"{outbox.dlq_topic}:{dead_invoice.partition}:{dead_invoice.offset}".encode()
+        )
+        assert not {"error_class", "error_reason", "error_message", "original_topic"} & set(record.headers)
+        stored = SchemaStore(schemas).get("InvoiceIssued", 1)
+        assert record.value[:10] == MAGIC + stored.fingerprint
+        decoded = schemaless_reader(io.BytesIO(record.value[10:]), parse_schema(INVOICE_V1), None)
+        assert decoded == invoice.payload
+
+        after = cdc(env, "dlq", "list", "--json")
+        assert after.returncode == 0, after.stderr
+        assert [row["id"] for row in json.loads(after.stdout)] == [hopeless.id]
+        # The bookmark: past the replayed record (and its marker), never past the one still failing.
+        committed = committed_offsets(kafka_bootstrap, outbox.dlq_topic)
+        assert committed[dead_invoice.partition] > dead_invoice.offset
+        assert committed[dead[hopeless.id].partition] <= dead[hopeless.id].offset
+
+        again = cdc(env, "dlq", "replay", "--all")
+        assert again.returncode == 1
+        assert again.stdout.splitlines() == [
+            line for line in lines if line.startswith(f"still failing {hopeless.id}")
+        ]
+        assert topic_size(kafka_bootstrap, outbox.topic("invoice")) == 1, "replayed once only"
+        assert proc.terminate() == 0
+    finally:
+        drop_group(kafka_admin, outbox.dlq_topic)
+
+
+def test_a_too_large_record_cannot_be_replayed_and_unknown_ids_are_refused(
+    outbox, pipeline_process, consume, kafka_bootstrap, kafka_admin, unique_name
+):
+    proc = pipeline_process()
+    proc.wait_streaming()
+    big = order_placed("o-big")
+    big["customer_id"] = (
+        "c" * 2_000_000
+    )  # above the producer's message.max.bytes: dead-lettered without payload
+    txn = outbox.commit([outbox.event("b-1", big)])
+    dead = consume(outbox.dlq_topic, 1)
+    assert len(dead) == 1 and dead[0].headers["error_reason"] == b"too_large"
+    big_id = txn.ids[0]
+    try:
+        replay = cdc(outbox.env, "dlq", "replay", big_id)
+        assert replay.returncode == 1, replay.stdout + replay.stderr
+        assert replay.stdout.splitlines() == [
+            f"still failing {big_id}: too_large: the dead-letter record has no payload "
+            "(none is kept for this reason)"
+        ]
+        listed = cdc(outbox.env, "dlq", "list", "--json")
+        assert [row["id"] for row in json.loads(listed.stdout)] == [big_id], "it stays"
+        assert topic_size(kafka_bootstrap, outbox.dlq_topic) == 1, "no marker was written"
+
+        for command in (("show", "no-such-id"), ("replay", "no-such-id", big_id), ("show", "0:99")):
+            unknown = cdc(outbox.env, "dlq", *command)
+            assert unknown.returncode == 1
+            assert unknown.stderr.strip().splitlines() == [
+                f"cdc: error: no unresolved dead-letter record with id {command[1]}; "
+                "`cdc dlq list` shows them"
+            ]
+            assert unknown.stdout == ""
+
+        usage = cdc(outbox.env, "dlq", "replay")
+        assert usage.returncode == 2
+        missing_topic = unique_name("nodlq")
+        missing = cdc({**outbox.env, "CDC_DLQ_TOPIC": missing_topic}, "dlq", "list")
+        assert missing.returncode == 1
+        assert f"'{missing_topic}' does not exist at {kafka_bootstrap}" in missing.stderr
+        assert proc.terminate() == 0
+    finally:
+        drop_group(kafka_admin, outbox.dlq_topic)

@@ -1,0 +1,80 @@
+"""Refusals before streaming that need a setup of their own: a slot in use, a publication that does not cover
+the outbox, and a slot PostgreSQL invalidated (guarantee 6: never a silent re-creation)."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from tests.integration.stream.test_pipeline import error_line, run_refused
+from tests.plugins.pipeline import cdc, wait_until
+
+
+def test_slot_in_use_by_another_pipeline_is_refused(outbox, pipeline_process):
+    first = pipeline_process()
+    first.wait_streaming()
+    code, stderr, _ = run_refused(outbox.env)
+    assert code == 2, stderr
+    assert error_line(stderr).startswith(f"cdc: error: replication slot '{outbox.slot}' is in use by another")
+    assert first.alive(), "the running pipeline must not be disturbed"
+    assert first.terminate() == 0
+
+
+def test_publication_that_does_not_cover_the_outbox_is_refused(outbox, unique_name):
+    other = unique_name("pub")[:63]
+    outbox.conn.execute(sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(other)))
+    try:
+        code, stderr, _ = run_refused(dict(outbox.env, CDC_PUBLICATION=other))
+    finally:
+        outbox.conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(other)))
+    assert code == 2, stderr
+    line = error_line(stderr)
+    assert f"publication '{other}' does not publish inserts of public.{outbox.table}" in line
+    assert "ALTER PUBLICATION" in line
+
+
+def test_invalidated_slot_is_refused_and_not_recreated(outbox, pg_admin_dsn, unique_name):
+    """A slot whose WAL is gone (wal_status = lost): `cdc run` refuses and leaves it for a human."""
+    filler = sql.Identifier(unique_name("filler")[:63])
+    outbox.conn.execute(sql.SQL("CREATE TABLE {} (x text)").format(filler))
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            # Move the WAL well past what the slot may keep, and let checkpoints remove the old segments.
+            for _ in range(4):
+                admin.execute("SELECT pg_switch_wal()")
+                outbox.conn.execute(
+                    sql.SQL("INSERT INTO {} SELECT repeat('x', 1000) FROM generate_series(1, 20000)").format(
+                        filler
+                    )
+                )
+                admin.execute("CHECKPOINT")
+
+            def lost() -> bool:
+                admin.execute("SELECT pg_switch_wal()")
+                admin.execute("CHECKPOINT")
+                row = admin.execute(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (outbox.slot,)
+                ).fetchone()
+                return row is not None and row[0] == "lost"
+
+            wait_until(lost, 60, "the slot to be invalidated", interval=0.5)
+        finally:
+            admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            admin.execute("SELECT pg_reload_conf()")
+            outbox.conn.execute(sql.SQL("DROP TABLE {}").format(filler))
+
+    code, stderr, _ = run_refused(outbox.env)
+    assert code == 2, stderr
+    line = error_line(stderr)
+    assert f"replication slot '{outbox.slot}' was invalidated by PostgreSQL (wal_status = lost)" in line
+
+    status = cdc(outbox.env, "status")
+    assert status.returncode == 2, "cdc status must alert on a lost slot"
+    assert "wal status             lost" in status.stdout
+    assert f"replication slot '{outbox.slot}' was invalidated" in error_line(status.stderr)
+    row = outbox.conn.execute(
+        "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (outbox.slot,)
+    ).fetchone()
+    assert row == ("lost",), "the lost slot must be left as it is, never re-created"

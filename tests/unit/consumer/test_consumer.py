@@ -1,0 +1,127 @@
+"""EventDeserializer on single-object values written by the real encoder (the Confluent framing needs the
+registry and is tested in tests/integration/test_framing.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc.avro.encoder import AvroEncoder, confluent_header, split_confluent
+from cdc.avro.store import SchemaStore
+from cdc.consumer import EventDeserializer, classify
+from cdc.errors import DeserializationError
+from tests.unit.fake_message import Message
+
+SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
+
+V1 = {
+    "order_id": "o-1",
+    "customer_id": "c-1",
+    "amount_cents": 1250,
+    "currency": "EUR",
+    "items": [{"sku": "SKU-1", "quantity": 2}],
+}
+V2 = {**V1, "coupon": "WELCOME10"}
+
+
+def encoded(version: int, payload: dict[str, Any]) -> bytes:
+    return AvroEncoder(SchemaStore(SCHEMAS)).encode("OrderPlaced", version, json.dumps(payload))
+
+
+def test_reads_an_event_as_written_with_its_headers() -> None:
+    message = Message(encoded(2, V2), [("id", b"e-1"), ("traceparent", b"00-abc"), ("empty", None)])
+    event = EventDeserializer(SCHEMAS)(message)
+    assert (event.event_type, event.schema_version, event.read_version) == ("OrderPlaced", 2, 2)
+    assert event.payload == V2
+    assert event.id == "e-1"
+    assert event.headers == {"id": "e-1", "traceparent": "00-abc", "empty": ""}
+    assert (event.key, event.topic, event.partition, event.offset) == ("o-1", "outbox.event.order", 2, 41)
+    assert event.timestamp_ms == 1_700_000_000_000
+
+
+def test_a_v1_reader_reads_v2_events_without_the_new_field() -> None:
+    event = EventDeserializer(SCHEMAS, reader_versions={"OrderPlaced": 1})(Message(encoded(2, V2)))
+    assert (event.schema_version, event.read_version) == (2, 1)
+    assert event.payload == V1
+
+
+def test_a_v2_reader_reads_v1_events_with_the_default() -> None:
+    event = EventDeserializer(SCHEMAS, reader_versions={"OrderPlaced": 2})(Message(encoded(1, V1)))
+    assert (event.schema_version, event.read_version) == (1, 2)
+    assert event.payload == {**V1, "coupon": None}
+
+
+def test_reader_versions_of_other_types_do_not_apply() -> None:
+    event = EventDeserializer(SCHEMAS, reader_versions={"OrderShipped": 1})(Message(encoded(2, V2)))
+    assert event.read_version == 2
+
+
+def test_an_incompatible_reader_is_an_error_naming_both_versions(tmp_path: Path) -> None:
+    for version in (1, 2):
+        (tmp_path / "OrderPlaced").mkdir(exist_ok=True)
+        (tmp_path / "OrderPlaced" / f"v{version}.avsc").write_bytes(
+            (SCHEMAS / "OrderPlaced" / f"v{version}.avsc").read_bytes()
+        )
+    schema = json.loads((SCHEMAS / "OrderPlaced" / "v1.avsc").read_text())
+    schema["fields"].append({"name": "region", "type": "string"})  # required, and no writer has it
+    (tmp_path / "OrderPlaced" / "v3.avsc").write_text(json.dumps(schema))
+    deserializer = EventDeserializer(tmp_path, reader_versions={"OrderPlaced": 3})
+    with pytest.raises(
+        DeserializationError, match=r"outbox\.event\.order\[2\]@41: OrderPlaced v2 cannot be read as v3"
+    ):
+        deserializer(Message(encoded(2, V2)))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"\xc3\x01" + b"\x00" * 8 + b"\x02", "no schema in .* has fingerprint 0000000000000000"),
+        (b'{"json": true}', "neither Avro single-object"),
+        (confluent_header(7) + b"\x02", "Confluent-framed but no schema_registry_url"),
+        (b"\x00\x00\x07", "3 bytes: shorter than the Confluent framing's 5-byte header"),
+        (b"\x00", "1 bytes: shorter than the Confluent framing's 5-byte header"),
+        (b"\xc3\x01\x00", "no schema in .* has fingerprint 00$"),
+        (None, "no value"),
+    ],
+    ids=[
+        "unknown-fingerprint",
+        "not-avro",
+        "confluent-without-registry",
+        "confluent-3-bytes",
+        "confluent-1-byte",
+        "single-object-3-bytes",
+        "tombstone",
+    ],
+)
+def test_values_that_are_not_events_are_named_errors(value: bytes | None, message: str) -> None:
+    with pytest.raises(DeserializationError, match=message) as caught:
+        EventDeserializer(SCHEMAS)(Message(value))
+    assert classify(caught.value) == "dead_letter", "an undecodable record must not block its partition"
+
+
+def test_truncated_body_is_an_error_not_a_partial_event() -> None:
+    value = encoded(1, V1)
+    with pytest.raises(DeserializationError, match="OrderPlaced v1 cannot be read as v1"):
+        EventDeserializer(SCHEMAS)(Message(value[:-3]))
+
+
+def test_reader_version_without_a_schema_file_is_an_error() -> None:
+    with pytest.raises(DeserializationError, match="reader schema: no schema for OrderPlaced v9"):
+        EventDeserializer(SCHEMAS, reader_versions={"OrderPlaced": 9})(Message(encoded(1, V1)))
+
+
+def test_confluent_header_round_trip() -> None:
+    schema_id, body = split_confluent(confluent_header(70_000) + b"body")
+    assert (schema_id, bytes(body)) == (70_000, b"body")
+    with pytest.raises(ValueError, match="not Confluent-framed"):
+        split_confluent(b"\x01\x00\x00\x00\x01")
+
+
+def test_the_first_header_of_a_name_is_the_one_read() -> None:
+    # The pipeline writes its own headers first; whatever a record carries after them never replaces them.
+    message = Message(encoded(1, V1), [("id", b"e-1"), ("event_type", b"OrderPlaced"), ("id", b"req-42")])
+    event = EventDeserializer(SCHEMAS)(message)
+    assert event.id == "e-1" and event.headers["id"] == "e-1"

@@ -1,0 +1,207 @@
+"""The pure parts of `cdc dlq`: record ids, header splitting, folding markers over records, and where the
+consumer group's bookmark may move after a replay."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from cdc.cli import main
+from cdc.errors import DeadLetterError
+from cdc.ops.dlq import DeadLetter, Scan, parse_id, resume_offset, split_headers
+
+UUID = "0b7c2a1e-3f7e-4d2a-9a55-2f0b8e7f6c11"
+
+
+def letter(partition: int, offset: int, event_id: str = "", ts: int = 1_700_000_000_000, **headers: str):
+    pairs = [("error_reason", b"schema_not_found"), ("id", event_id.encode())]
+    pairs += [(k, v.encode()) for k, v in headers.items()]
+    return DeadLetter(partition, offset, b"key", b"{}", ts, tuple(pairs))
+
+
+def marker(partition: int, offset: int, target: str):
+    return DeadLetter(partition, offset, None, None, 0, (("cdc_dlq_resolved", target.encode()), ("id", b"x")))
+
+
+def scan_of(records, ranges=None):
+    return Scan.of("dlq", ranges or {}, records)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0:5", (0, 5)),
+        (" 12:0 ", (12, 0)),
+        (UUID, UUID),
+        ("order-42", "order-42"),
+        ("a:1", "a:1"),
+        ("-1:2", "-1:2"),
+        ("1:2:3", "1:2:3"),
+        ("1:", "1:"),
+    ],
+)
+def test_parse_id(text, expected):
+    assert parse_id(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_parse_id_refuses_an_empty_id(text):
+    with pytest.raises(DeadLetterError, match="empty dead-letter record id"):
+        parse_id(text)
+
+
+PIPELINE_HEADERS = [
+    ("error_class", b"SchemaNotFoundError"),
+    ("error_reason", b"schema_not_found"),
+    ("error_message", b"no schema"),
+    ("original_topic", b"outbox.event.invoice"),
+    ("commit_lsn", b"0/16B3748"),
+    ("xid", b"771"),
+    ("id", UUID.encode()),
+    ("event_type", b"InvoiceIssued"),
+    ("schema_version", b"1"),
+    ("aggregate_type", b"invoice"),
+    ("traceparent", b"00-abc-def-01"),
+]
+
+
+@pytest.mark.parametrize(
+    ("headers", "original", "errors"),
+    [
+        (
+            PIPELINE_HEADERS,
+            PIPELINE_HEADERS[4:],
+            {
+                "error_class": b"SchemaNotFoundError",
+                "error_reason": b"schema_not_found",
+                "error_message": b"no schema",
+                "original_topic": b"outbox.event.invoice",
+            },
+        ),
+        # A row header that shares an error header's name comes later: it is the row's own and is kept.
+        (
+            [("error_reason", b"too_large"), ("id", b"e1"), ("error_reason", b"mine")],
+            [("id", b"e1"), ("error_reason", b"mine")],
+            {"error_reason": b"too_large"},
+        ),
+        # A malformed change's record: the error headers and the empty id.
+        (
+            [("error_reason", b"malformed_event"), ("id", b"")],
+            [("id", b"")],
+            {"error_reason": b"malformed_event"},
+        ),
+        ([], [], {}),
+    ],
+)
+def test_split_headers(headers, original, errors):
+    assert split_headers(headers) == (original, errors)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "unresolved", "markers", "expected"),
+    [
+        (0, 0, [], [], 0),  # empty partition: stays
+        (0, 5, [], [], 5),  # everything read is resolved or a marker: past it
+        (0, 5, [3, 1], [], 1),  # the first unresolved record
+        (2, 5, [2], [5, 6], 2),  # the very first offset still unresolved: no move
+        (0, 5, [], [5, 6], 7),  # our markers right after the scan: past them too
+        (0, 5, [], [6, 7], 5),  # a gap at 5 may hold a new dead letter nobody has seen
+        (0, 5, [4], [5, 6], 4),
+        (3, 5, [1], [], 5),  # an offset below the range does not pull the bookmark back
+    ],
+)
+def test_resume_offset(start, end, unresolved, markers, expected):
+    assert resume_offset(start, end, unresolved, markers) == expected
+
+
+def test_markers_resolve_records_and_are_never_listed():
+    scan = scan_of(
+        [letter(1, 0), marker(0, 2, "0:0"), letter(0, 1, "b"), letter(0, 0, "a"), marker(1, 1, "junk")]
+    )
+    assert [r.id for r in scan.listing()] == ["b", "1:0"]
+    assert [r.position for r in scan.records] == [(0, 0), (0, 1), (1, 0)], "markers are no dead letters"
+    assert scan.resolved == {(0, 0)}
+
+
+@pytest.mark.parametrize(
+    ("records", "listed"),
+    [
+        # Dead-lettered twice (a replay after a crash): listed once, as the latest copy.
+        ([letter(0, 0, "a"), letter(0, 3, "a"), letter(0, 4, "b")], [(0, 3), (0, 4)]),
+        ([letter(0, 0, "a", ts=5), letter(2, 0, "a", ts=9)], [(2, 0)]),
+        # Only the latest copy resolved: the older one is listed still.
+        ([letter(0, 0, "a"), letter(0, 3, "a"), marker(0, 5, "0:3")], [(0, 0)]),
+        # Records without an event id are each their own.
+        ([letter(0, 0), letter(0, 1)], [(0, 0), (0, 1)]),
+    ],
+)
+def test_listing_keeps_the_latest_copy_of_each_event(records, listed):
+    assert [r.position for r in scan_of(records).listing()] == listed
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [("a", (0, 3)), ("0:3", (0, 3)), ("0:0", (0, 3)), ("b", (1, 2)), (" 1:2 ", (1, 2)), ("1:4", (1, 4))],
+)
+def test_find_by_event_id_or_position(text, found):
+    scan = scan_of([letter(0, 0, "a"), letter(0, 3, "a"), letter(1, 2, "b"), letter(1, 4)])
+    assert scan.find(text).position == found
+
+
+@pytest.mark.parametrize("text", ["nope", "7:7", "0:1", "c", "0:9"])
+def test_find_refuses_unknown_and_resolved_ids(text):
+    scan = scan_of([letter(0, 0, "a"), letter(0, 1, "c"), marker(0, 9, "0:1")])
+    with pytest.raises(DeadLetterError, match=r"no unresolved dead-letter record with id .*`cdc dlq list`"):
+        scan.find(text)
+
+
+def test_copies_are_every_unresolved_record_of_the_event():
+    scan = scan_of(
+        [letter(0, 0, "a"), letter(0, 3, "a"), letter(0, 4, "b"), letter(1, 1, "a"), marker(1, 2, "1:1")]
+    )
+    assert [r.position for r in scan.copies(scan.find("a"))] == [(0, 0), (0, 3)]
+
+
+@pytest.mark.parametrize(
+    ("records", "ranges", "replayed", "markers", "expected"),
+    [
+        # Partition 0 settled by an old marker; partition 1: 2 replayed now, 3 unresolved still.
+        (
+            [letter(0, 0, "a"), marker(0, 1, "0:0"), letter(1, 2, "r"), letter(1, 3, "s")],
+            {0: (0, 2), 1: (2, 4)},
+            {(1, 2)},
+            {1: [4]},
+            {0: 2, 1: 3},
+        ),
+        ([letter(0, 5, "a")], {0: (5, 6)}, set(), {}, {}),  # its first record unresolved: no commit
+        ([letter(0, 5, "a")], {0: (5, 6)}, {(0, 5)}, {0: [6, 7]}, {0: 8}),  # past our own markers
+        ([letter(0, 5, "a")], {0: (5, 6)}, {(0, 5)}, {0: [7]}, {0: 6}),  # not past a gap
+        ([], {0: (0, 0), 1: (4, 4)}, set(), {}, {}),
+        ([marker(2, 7, "2:1")], {2: (7, 8)}, set(), {}, {2: 8}),
+    ],
+)
+def test_resume_offsets_per_partition(records, ranges, replayed, markers, expected):
+    scan = scan_of(records, ranges)
+    scan.resolved |= replayed
+    assert scan.resume_offsets(markers) == expected
+
+
+def test_summary_names_the_record_and_its_time_in_utc():
+    record = letter(2, 7, UUID, ts=1_700_000_000_123, event_type="InvoiceIssued", schema_version="1")
+    assert record.summary() == {
+        "id": UUID,
+        "event_type": "InvoiceIssued",
+        "schema_version": "1",
+        "reason": "schema_not_found",
+        "time": "2023-11-14T22:13:20.123Z",
+        "position": "2:7",
+    }
+    assert "payload" not in record.details()
+    assert record.details(payload=True)["payload"] == {}
+
+
+@pytest.mark.parametrize("args", [["dlq", "replay"], ["dlq", "replay", "--all", "0:1"]])
+def test_replay_needs_ids_or_all_but_not_both(args):
+    result = CliRunner().invoke(main, args, env={"CDC_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert result.exit_code == 2, result.output
+    assert "--all" in result.output

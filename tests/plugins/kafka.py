@@ -38,7 +38,27 @@ def kafka_bootstrap() -> str:
         admin.list_topics(timeout=10)
     except KafkaException as exc:
         service_missing(f"Kafka does not answer at {servers}: {exc.args[0]}")
+    _wait_for_group_coordinator(servers)
     return servers
+
+
+def _wait_for_group_coordinator(servers: str, timeout: float = 60.0) -> None:
+    """The first consumer group of a fresh broker creates __consumer_offsets and loads its coordinator: for
+    some seconds, group calls fail with NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS. Wait for that once
+    here, rather than in whichever test happens to run first."""
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"test-warm-up-{uuid.uuid4().hex}"})
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                consumer.committed([TopicPartition("__warm_up", 0)], timeout=10)
+                return
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"Kafka's group coordinator is not ready: {exc.args[0]}") from exc
+                time.sleep(0.5)
+    finally:
+        consumer.close()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from psycopg import sql
@@ -159,6 +159,10 @@ class Rig:
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.name})
         try:
             offsets = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        except KafkaException as exc:
+            if not exc.args[0].retriable() and exc.args[0].code() != KafkaError.NOT_COORDINATOR:
+                raise
+            return -1  # the group's coordinator is moving or loading: ask again
         finally:
             consumer.close()
         return sum(max(tp.offset, 0) for tp in offsets)

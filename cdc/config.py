@@ -64,6 +64,7 @@ _CHOICES = {
     "schema_compatibility": MODES,
     "subject_name_strategy": ("topic_record", "topic", "record"),
     "on_invalid_event": ("dlq", "stop"),
+    "on_slot_active": ("refuse", "wait"),
     "log_format": ("text", "json"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 }
@@ -176,6 +177,7 @@ class Settings:
     max_in_flight: int = 100_000
     heartbeat_interval: float = 30.0
     on_invalid_event: str = "dlq"
+    on_slot_active: str = "refuse"  # "wait": a standby that takes over when the slot is released
     log_level: str = "INFO"
     log_format: str = "text"
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)

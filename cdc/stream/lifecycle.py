@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cdc.pipeline")
 
+STANDBY_POLL = 1.0  # seconds between a standby's attempts to take the slot over
+
 
 class Lifecycle(Delivery):
     """Everything about the pipeline but the stream loop itself (:class:`cdc.stream.pipeline.Pipeline`)."""
@@ -110,6 +112,7 @@ class Lifecycle(Delivery):
         self.sink.check_broker(s.startup_timeout)
         backoff = self._backoff
         first = True
+        standing_by = False
         try:
             while not self._stop:
                 try:
@@ -119,22 +122,36 @@ class Lifecycle(Delivery):
                     break
                 except DeliveryRefusedError as exc:
                     self._replay_after_refusal(exc)
-                except (SourceConnectionError, SlotActiveError) as exc:
+                except SlotActiveError as exc:
+                    if first and s.on_slot_active == "wait":
+                        # A standby: the slot admits one walsender, so waiting on it is the whole protocol.
+                        if not standing_by:
+                            log.warning("%s; waiting to take over (on_slot_active = wait)", exc)
+                            standing_by = True
+                        self._sleep(STANDBY_POLL)
+                        continue
+                    if first:
+                        raise  # another pipeline streams from the slot: a refusal
+                    self._reconnect_later(exc, backoff)
+                except SourceConnectionError as exc:
                     # A slot still held by our own dead walsender is transient after a lost connection;
-                    # at the first start it means another pipeline, which is a refusal.
-                    if first and (isinstance(exc, SlotActiveError) or self._source is None):
+                    # at the first start, no database at all is a refusal.
+                    if first and self._source is None:
                         raise
-                    self._close_source()
-                    self.reconnects += 1
-                    self._drain_after_loss()
-                    delay = backoff.next_delay()
-                    log.warning(
-                        "PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, backoff.attempt
-                    )
-                    self._sleep(delay)
+                    self._reconnect_later(exc, backoff)
                 first = False
         finally:
             self._shutdown()
+
+    def _reconnect_later(self, exc: Exception, backoff: Backoff) -> None:
+        """The connection to PostgreSQL was lost: let Kafka finish what it has, then wait before the next
+        session."""
+        self._close_source()
+        self.reconnects += 1
+        self._drain_after_loss()
+        delay = backoff.next_delay()
+        log.warning("PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, backoff.attempt)
+        self._sleep(delay)
 
     def _session(self, first: bool) -> None:
         if self.tracker.failure is not None or self.sink.fatal_error is not None:

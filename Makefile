@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test unit test-integration demo bench bench-consumer faults stack-up stack-down stack-status clean
+.PHONY: help install lint test test-matrix unit test-integration demo bench bench-consumer faults stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -34,6 +34,15 @@ stack-status: ## what runs, and where its logs are
 
 test: $(STAMP) stack-up ## start the stack, then run every test (unit and integration)
 	. .stack/env && $(BIN)/pytest $(PYTEST_ARGS)
+
+PG_VERSIONS ?= 13 14 15 16 17 18
+
+test-matrix: $(STAMP) ## the core integration tests on each PostgreSQL version (PG_VERSIONS="13 18")
+	@set -e; for v in $(PG_VERSIONS); do \
+		echo "== PostgreSQL $$v"; \
+		CDC_STACK_PG_VERSION=$$v bash stack/stack.sh up; \
+		( . .stack/env && $(BIN)/pytest tests/integration -m core $(PYTEST_ARGS) ); \
+	done
 
 unit: $(STAMP) ## only the tests that need no service
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

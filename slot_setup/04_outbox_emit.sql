@@ -27,6 +27,8 @@ CREATE OR REPLACE FUNCTION {{function_emit}}(
     RETURNING {{col_id}};
 $$;
 
+-- pgoutput carries logical messages from PostgreSQL 14 on; on 13 the walsender would read the message and
+-- send nothing, so the event would be lost without a word: there the function refuses instead.
 CREATE OR REPLACE FUNCTION {{function_emit_message}}(
     p_aggregate_type text,
     p_aggregate_id text,
@@ -35,10 +37,18 @@ CREATE OR REPLACE FUNCTION {{function_emit_message}}(
     p_schema_version int DEFAULT 1,
     p_headers jsonb DEFAULT NULL,
     p_id uuid DEFAULT gen_random_uuid()
-) RETURNS uuid LANGUAGE sql AS $$
-    SELECT pg_logical_emit_message(true, 'outbox', jsonb_build_object(
+) RETURNS uuid LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('server_version_num')::int < 140000 THEN
+        RAISE EXCEPTION 'outbox messages need PostgreSQL 14 or later: on % pgoutput cannot carry logical messages',
+            current_setting('server_version')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'write the event as an outbox row with the _emit function beside this one';
+    END IF;
+    PERFORM pg_logical_emit_message(true, 'outbox', jsonb_build_object(
         'id', p_id, 'aggregate_type', p_aggregate_type, 'aggregate_id', p_aggregate_id,
         'event_type', p_event_type, 'schema_version', p_schema_version, 'payload', p_payload,
         'headers', p_headers)::text);
-    SELECT p_id;
+    RETURN p_id;
+END
 $$;

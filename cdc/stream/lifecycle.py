@@ -158,13 +158,25 @@ class Lifecycle(Delivery):
             self._delivery_failed()  # seen while reconnecting: must not be forgotten with the old tracker
         s = self.settings
         info = preflight(
-            s.database_url, slot=s.slot, publication=s.publication, table=(s.table.schema, s.table.name)
+            s.database_url,
+            slot=s.slot,
+            publication=s.publication,
+            table=(s.table.schema, s.table.name),
+            check_failover=first,
         )
         self.tracker = AckTracker(
             max(info.confirmed_flush_lsn, self.tracker.confirmed_lsn), latency=self.latency
         )
         self._sent_confirmed = -1
         self._txn = None
+        if first and info.server_version < 140000:
+            log.warning(
+                "PostgreSQL %d: pgoutput cannot carry logical messages before 14, so events emitted with "
+                "pg_logical_emit_message are not read; write them as outbox rows (outbox_emit). "
+                "Heartbeats are followed by keepalive",
+                info.server_version // 10000,
+            )
+        self.heartbeat.by_keepalive = info.server_version < 140000
         source = ReplicationSource(s.database_url, slot=s.slot, publication=s.publication)
         source.start()
         self._source = source

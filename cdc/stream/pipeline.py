@@ -89,6 +89,8 @@ class Pipeline(Lifecycle):
                     if isinstance(keepalive, Keepalive):
                         self.server_wal_end = keepalive.wal_end
                         tracker.keepalive(keepalive.wal_end)
+                        if heartbeat.by_keepalive:
+                            heartbeat.keepalive(keepalive.wal_end)
                         if keepalive.wal_end > self._received and tracker.idle:
                             self._received = keepalive.wal_end
                         if keepalive.reply_requested:

@@ -34,6 +34,7 @@ from cdc.errors import (
     parse_lsn,
 )
 from cdc.pg import connect
+from cdc.stream import failover as failover_slots
 from cdc.stream.pgoutput import standby_status_update
 
 log = logging.getLogger("cdc.source")
@@ -52,6 +53,9 @@ class SlotInfo:
     restart_lsn: int
     wal_status: str | None
     server_version: int
+    failover: bool = (
+        False  # a failover slot (PostgreSQL 17+), synchronized to standbys that are set up for it
+    )
 
 
 def quote_ident(name: str) -> str:
@@ -92,7 +96,9 @@ def check_wal_level(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) -> SlotInfo:
+def preflight(
+    dsn: str, *, slot: str, publication: str, table: tuple[str, str], check_failover: bool = False
+) -> SlotInfo:
     """Refuse plainly, before streaming, when the database cannot stream the outbox safely."""
     with connect(dsn) as conn:
         server_version = conn.info.server_version
@@ -106,9 +112,12 @@ def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) 
                 f"{quote_ident(user)} REPLICATION; or connect as the role that `cdc setup --role` creates"
             )
         dbname = conn.info.dbname
+        # PostgreSQL 17 names why a slot was invalidated, and marks failover slots.
+        extra = ", invalidation_reason, failover" if server_version >= 170000 else ", NULL, false"
         row = conn.execute(
             "SELECT plugin, slot_type, database, active, active_pid, wal_status,"
-            " confirmed_flush_lsn::text, restart_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            f" confirmed_flush_lsn::text, restart_lsn::text{extra}, pg_is_in_recovery()"
+            " FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()
         if row is None:
@@ -117,7 +126,19 @@ def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) 
                 "automatically, because a new slot starts at the current WAL position and would skip every "
                 "event committed since the old one was lost"
             )
-        plugin, slot_type, database, active, active_pid, wal_status, confirmed, restart = row
+        (
+            plugin,
+            slot_type,
+            database,
+            active,
+            active_pid,
+            wal_status,
+            confirmed,
+            restart,
+            reason,
+            failover,
+            standby,
+        ) = row
         if slot_type != "logical" or plugin != "pgoutput":
             raise StartupRefusal(
                 f"replication slot '{slot}' is a {slot_type} slot of plugin {plugin!r}; "
@@ -128,12 +149,21 @@ def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) 
                 f"replication slot '{slot}' belongs to database '{database}', "
                 f"but the pipeline connects to '{dbname}': fix database_url or slot"
             )
-        if wal_status == "lost" or restart is None:
+        if wal_status == "lost" or restart is None or reason is not None:
+            why = f"invalidation_reason = {reason}" if reason else "wal_status = lost"
             raise SlotInvalidatedError(
-                f"replication slot '{slot}' was invalidated by PostgreSQL (wal_status = lost): the WAL it "
-                "needed is gone and events may be missing. Drop it (`cdc teardown`), re-create it "
+                f"replication slot '{slot}' was invalidated by PostgreSQL ({why}): the changes it "
+                "held are gone and events may be missing. Drop it (`cdc teardown`), re-create it "
                 "(`cdc setup`) and reconcile the outbox rows written since the last confirmed LSN "
                 f"{confirmed or 'unknown'} by hand"
+            )
+        if standby:
+            # A slot synchronized from the primary (PostgreSQL 17) exists here but cannot be streamed from
+            # until this server is promoted.
+            raise SourceConnectionError(
+                f"the server is a standby (in recovery): slot '{slot}' cannot be streamed from here. "
+                "Connect to the primary (a multi-host database_url with target_session_attrs=read-write "
+                "follows a promotion)"
             )
         if active:
             raise SlotActiveError(
@@ -154,12 +184,15 @@ def preflight(dsn: str, *, slot: str, publication: str, table: tuple[str, str]) 
                 f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {quote_ident(table[0])}."
                 f"{quote_ident(table[1])}, or correct the 'table' setting"
             )
+        if check_failover:
+            failover_slots.warn_at_start(conn, dsn, slot)
     return SlotInfo(
         slot=slot,
         confirmed_flush_lsn=parse_lsn(confirmed) if confirmed else 0,
         restart_lsn=parse_lsn(restart) if restart else 0,
         wal_status=wal_status,
         server_version=server_version,
+        failover=bool(failover),
     )
 
 

@@ -76,6 +76,7 @@ def test_emit_writes_in_the_callers_transaction_and_refuses_bad_payloads(outbox,
     assert proc.terminate() == 0
 
 
+@pytest.mark.pg(min=14)
 def test_sql_functions_emit_a_row_or_a_logical_message(outbox, pipeline_process, consume):
     schema, name = outbox.settings.table.schema, outbox.table
     emit_row = sql.Identifier(schema, f"{name}_emit")
@@ -98,3 +99,15 @@ def test_sql_functions_emit_a_row_or_a_logical_message(outbox, pipeline_process,
     assert all(r.key == b"s-1" for r in records)
     assert count_rows(outbox) == 1, "the message variant never touches the table"
     assert proc.terminate() == 0
+
+
+@pytest.mark.core
+@pytest.mark.pg(max=13)
+def test_the_message_function_refuses_on_postgresql_13_where_pgoutput_cannot_carry_messages(outbox):
+    """On 13 the walsender reads a logical message and sends nothing: an event emitted so would be lost."""
+    emit_message = sql.Identifier(outbox.settings.table.schema, f"{outbox.table}_emit_message")
+    payload = psycopg.types.json.Jsonb(order_placed("o-13"))
+    with psycopg.connect(outbox.dsn) as conn, pytest.raises(psycopg.errors.FeatureNotSupported) as refused:
+        conn.execute(sql.SQL("SELECT {}('order', 's-1', 'OrderPlaced', %s)").format(emit_message), (payload,))
+    assert "outbox messages need PostgreSQL 14 or later" in str(refused.value)
+    assert refused.value.diag.message_hint is not None and "_emit" in refused.value.diag.message_hint

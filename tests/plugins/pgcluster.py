@@ -1,6 +1,7 @@
 """Throwaway extra PostgreSQL clusters, for the refusals that need a server configured differently from the
 stack's: ``replica_cluster`` (``wal_level = replica``, cannot do logical decoding) and ``tight_cluster``
-(logical, but a single replication slot and WAL sender).
+(logical, but a single replication slot and WAL sender); and ``failover_pair``, a primary and its physical
+standby that a test may promote.
 
 The server binaries are found like ``stack/stack.sh`` finds them: CDC_STACK_PG_BIN (exported by
 ``. .stack/env``), else the newest ``/usr/lib/postgresql/<ver>/bin``. The cluster lives in a fresh directory
@@ -20,11 +21,13 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from tests.plugins.pipeline import free_port
+from tests.plugins.pipeline import free_port, wait_until
 from tests.plugins.services import service_missing
 
 PG_SUPERUSER = "postgres"
@@ -181,3 +184,138 @@ def tight_cluster() -> Iterator[str]:
     """A logical cluster with room for one replication slot and one WAL sender only."""
     with extra_cluster(wal_level="logical", max_replication_slots="1", max_wal_senders="1") as dsn:
         yield dsn
+
+
+# -- a primary and its physical standby, for failover slots (PostgreSQL 17+) ---------------------------------
+
+STANDBY_SLOT = "cdc_standby"
+
+
+@dataclass
+class FailoverPair:
+    """A primary and a streaming standby of it, each on its own port. The standby is a cold copy of the
+    stopped primary's data directory (the server binaries of zonky's releases hold no pg_basebackup, and
+    Debian's does not back up a newer server), set up to synchronize failover slots: ``primary_slot_name``,
+    ``hot_standby_feedback``, ``sync_replication_slots``; the primary lists the standby's physical slot in
+    ``synchronized_standby_slots``."""
+
+    primary: _Cluster
+    standby: _Cluster
+
+    def dsn(self, cluster: _Cluster) -> str:
+        return f"postgresql://{PG_SUPERUSER}@127.0.0.1:{cluster.port}/postgres"
+
+    @property
+    def multi_host_dsn(self) -> str:
+        """Both servers, the writable one chosen at each connection: what follows a promotion."""
+        return (
+            f"host=127.0.0.1,127.0.0.1 port={self.primary.port},{self.standby.port} user={PG_SUPERUSER} "
+            "dbname=postgres target_session_attrs=read-write"
+        )
+
+    def stop_primary(self) -> None:
+        """A clean stop: its walsenders hand the standby every WAL record before they exit."""
+        done = _as_pg(
+            [str(self.primary.bindir / "pg_ctl"), "-D", str(self.primary.data), "-m", "fast", "-w", "stop"]
+        )
+        assert done.returncode == 0, done.stderr
+
+    def promote_standby(self) -> None:
+        done = _as_pg([str(self.standby.bindir / "pg_ctl"), "-D", str(self.standby.data), "-w", "promote"])
+        assert done.returncode == 0, done.stderr
+
+
+def _write_as_pg(path: Path, text: str, *, append: bool = False) -> None:
+    with path.open("a" if append else "w") as out:
+        out.write(text)
+    if _is_root():
+        shutil.chown(path, user=PG_SUPERUSER, group=PG_SUPERUSER)
+
+
+def _started(cluster: _Cluster) -> None:
+    for attempt in range(1, START_ATTEMPTS + 1):
+        started = cluster.start(free_port())
+        if started.returncode == 0:
+            return
+        log = _tail(cluster.log)
+        if attempt == START_ATTEMPTS or "already in use" not in log:
+            pytest.fail(
+                f"a test cluster did not start (pg_ctl exit {started.returncode}):\n{started.stderr}\n{log}"
+            )
+
+
+@pytest.fixture
+def failover_pair() -> Iterator[FailoverPair]:
+    bindir = pg_bindir()
+    if bindir is None or not (bindir / "pg_ctl").is_file():
+        service_missing("PostgreSQL's server binaries are missing (no CDC_STACK_PG_BIN)")
+        raise AssertionError("unreachable")
+    bases = []
+    for role in ("primary", "standby"):
+        base = Path(tempfile.mkdtemp(prefix=f"cdc-pg{role}-", dir="/tmp"))
+        os.chmod(base, 0o755)
+        if _is_root():
+            shutil.chown(base, user=PG_SUPERUSER, group=PG_SUPERUSER)
+        bases.append(base)
+    primary = _Cluster(
+        bindir,
+        bases[0],
+        {
+            "wal_level": "logical",
+            "max_replication_slots": "10",
+            "max_wal_senders": "10",
+            "synchronized_standby_slots": f"'{STANDBY_SLOT}'",
+            "wal_sender_timeout": "10s",
+        },
+    )
+    standby = _Cluster(bindir, bases[1], {})
+    pair = FailoverPair(primary, standby)
+    try:
+        primary.initdb()
+        (primary.data / "pg_hba.conf").write_text(
+            "# throwaway test cluster on loopback: trust\n"
+            "local   all           all                  trust\n"
+            "host    all           all   127.0.0.1/32   trust\n"
+            "host    replication   all   127.0.0.1/32   trust\n"
+        )
+        _started(primary)
+        with psycopg.connect(pair.dsn(primary), autocommit=True) as conn:
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (STANDBY_SLOT,))
+        primary.stop()  # immediate: the copy below replays from the last checkpoint, as a crash would
+        copied = _as_pg(["cp", "-a", str(primary.data), str(standby.data)])
+        assert copied.returncode == 0, copied.stderr
+        for name in ("postmaster.pid", "postmaster.opts"):
+            (standby.data / name).unlink(missing_ok=True)
+        shutil.rmtree(standby.data / "pg_replslot" / STANDBY_SLOT, ignore_errors=True)
+        _started(primary)
+        _write_as_pg(standby.data / "standby.signal", "")
+        # Set after the copy's own postgresql.conf lines, so these win. The promoted standby must not wait
+        # for a standby of its own.
+        _write_as_pg(
+            standby.data / "postgresql.auto.conf",
+            f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user={PG_SUPERUSER} dbname=postgres'\n"
+            f"primary_slot_name = '{STANDBY_SLOT}'\n"
+            "hot_standby_feedback = on\n"
+            "sync_replication_slots = on\n"
+            "synchronized_standby_slots = ''\n"
+            f"unix_socket_directories = '{standby.base}'\n",
+            append=True,
+        )
+        _started(standby)
+        with psycopg.connect(pair.dsn(primary), autocommit=True) as conn:
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (STANDBY_SLOT,)
+                    ).fetchone()
+                    == (True,)
+                ),
+                30,
+                "the standby to stream from the primary",
+            )
+        yield pair
+    finally:
+        primary.stop()
+        standby.stop()
+        for base in bases:
+            shutil.rmtree(base, ignore_errors=True)

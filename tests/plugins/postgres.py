@@ -1,5 +1,8 @@
 """PostgreSQL fixtures: the admin DSN, a connection factory, a fresh database per test module, and unique
-slot / publication / table names that are cleaned up after each test."""
+slot / publication / table names that are cleaned up after each test.
+
+``@pytest.mark.pg(min=14)`` / ``@pytest.mark.pg(max=13)``: a test of a feature that exists only on some
+PostgreSQL major versions runs only against those (``make test-matrix`` runs the suite on each)."""
 
 from __future__ import annotations
 
@@ -117,3 +120,21 @@ def publication_name(unique_name: Callable[[str], str]) -> str:
 def table_name(unique_name: Callable[[str], str]) -> str:
     """A unique table name in the module's database."""
     return unique_name("tbl")[:63]
+
+
+@pytest.fixture(scope="session")
+def pg_major(pg_admin_dsn: str) -> int:
+    """The major version of the stack's server (13 to 18)."""
+    with psycopg.connect(pg_admin_dsn, connect_timeout=5) as conn:
+        return conn.info.server_version // 10000
+
+
+@pytest.fixture(autouse=True)
+def _pg_versions(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("pg")
+    if marker is None:
+        return
+    major: int = request.getfixturevalue("pg_major")
+    low, high = marker.kwargs.get("min", 0), marker.kwargs.get("max", 1000)
+    if not low <= major <= high:
+        pytest.skip(f"PostgreSQL {major}: this test is for {low}..{high if high < 1000 else ''}")

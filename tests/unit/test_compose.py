@@ -16,7 +16,7 @@ def load_compose() -> dict:
 
 
 def stack_default(name: str) -> str:
-    match = re.search(rf"^{name}=\$\{{[A-Z_]+:-(\d+)\}}", (ROOT / "stack/stack.sh").read_text(), re.M)
+    match = re.search(rf"^\s*{name}=\$\{{[A-Z_]+:-(\d+)\}}", (ROOT / "stack/stack.sh").read_text(), re.M)
     assert match, f"{name} not found in stack/stack.sh"
     return match.group(1)
 

@@ -13,6 +13,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.integration.stream.test_pipeline import error_line, run_refused
 from tests.plugins.pipeline import cdc, wait_until
 
+pytestmark = pytest.mark.core
+
 
 def as_role(dsn: str, role: str, password: str) -> str:
     params = conninfo_to_dict(dsn)

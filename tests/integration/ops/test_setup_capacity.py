@@ -50,12 +50,20 @@ def test_setup_succeeds_on_the_same_server_once_a_slot_is_free(tight_cluster, ti
     assert slots == [(tight_env["CDC_SLOT"],)]
 
 
-def test_failover_slot_is_refused_before_postgresql_17(tight_cluster, tight_env):
-    with psycopg.connect(tight_cluster) as conn:
-        if conn.info.server_version >= 170000:
-            pytest.fail(
-                "this test expects the PostgreSQL < 17 of Debian 12; add a 17+ test for the real slot"
-            )
+@pytest.mark.core
+@pytest.mark.pg(max=16)
+def test_failover_slot_is_refused_before_postgresql_17(tight_cluster, tight_env, pg_major):
     code, stderr, _ = run_refused(tight_env, command="setup", args=["--failover"])
     assert code == 2, stderr
-    assert "failover slots need PostgreSQL 17 or later; this server is 15" in error_line(stderr)
+    assert f"failover slots need PostgreSQL 17 or later; this server is {pg_major}" in error_line(stderr)
+
+
+@pytest.mark.core
+@pytest.mark.pg(min=17)
+def test_failover_slot_is_created_from_postgresql_17(tight_cluster, tight_env):
+    code, stderr, _ = run_refused(tight_env, command="setup", args=["--failover"])
+    assert code == 0, stderr
+    with psycopg.connect(tight_cluster, autocommit=True) as conn:
+        slots = conn.execute("SELECT slot_name, failover FROM pg_replication_slots").fetchall()
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (tight_env["CDC_SLOT"],))
+    assert slots == [(tight_env["CDC_SLOT"], True)]

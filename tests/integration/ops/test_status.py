@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.integration.stream.test_pipeline import error_line
 from tests.plugins.pipeline import cdc, wait_until
+
+pytestmark = pytest.mark.core
 
 
 def test_status_reports_the_slot_lag_and_the_outbox(outbox, pipeline_process):

@@ -7,6 +7,7 @@ import json
 import uuid
 
 import psycopg
+import pytest
 
 from tests.integration.test_metrics import get, metric
 from tests.plugins.pipeline import free_port, order_placed, topic_size, wait_until
@@ -81,6 +82,7 @@ def test_an_aggregate_type_that_makes_no_topic_is_a_dead_letter_and_the_stream_g
     assert proc.terminate() == 0
 
 
+@pytest.mark.pg(min=14)
 def test_a_malformed_change_is_dead_lettered_with_everything_that_could_be_read(
     outbox, pipeline_process, consume
 ):

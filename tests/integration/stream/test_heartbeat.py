@@ -8,11 +8,14 @@ import logging
 import time
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from cdc.stream.heartbeat import LOCK_TIMEOUT_MS, Heartbeat, heartbeat_table
 from tests.integration.test_metrics import get, metric
 from tests.plugins.pipeline import cdc, free_port, wait_until
+
+pytestmark = pytest.mark.core
 
 MB = 1024 * 1024
 

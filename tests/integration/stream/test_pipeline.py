@@ -68,6 +68,7 @@ def wait_topic_size(bootstrap: str, topic: str, n: int, timeout: float) -> int:
 # -- guarantee 1 and the record format -----------------------------------------------------------------------
 
 
+@pytest.mark.core
 def test_committed_events_arrive_with_their_record_format_rolled_back_never(
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
@@ -185,6 +186,7 @@ def test_committed_events_arrive_with_their_record_format_rolled_back_never(
 # -- a large transaction, memory bounded ---------------------------------------------------------------------
 
 
+@pytest.mark.core
 def test_a_200k_row_transaction_arrives_whole_with_bounded_memory(
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
@@ -264,6 +266,7 @@ def test_broker_outage_holds_the_confirmed_lsn_back_then_everything_arrives(
 # -- at-least-once across kill -9 ----------------------------------------------------------------------------
 
 
+@pytest.mark.core
 def test_kill_9_mid_stream_loses_nothing_and_duplicates_at_most_the_in_flight_window(
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
@@ -313,6 +316,7 @@ def test_kill_9_mid_stream_loses_nothing_and_duplicates_at_most_the_in_flight_wi
 # -- guarantee 5: an idle outbox does not pin WAL ------------------------------------------------------------
 
 
+@pytest.mark.core
 def test_idle_outbox_slot_advances_while_another_database_writes_wal(
     outbox, pipeline_process, pg_connect, unique_name
 ):
@@ -352,6 +356,7 @@ def test_idle_outbox_slot_advances_while_another_database_writes_wal(
 # -- guarantee 4: a bad event goes to the dead-letter topic --------------------------------------------------
 
 
+@pytest.mark.core
 def test_invalid_payload_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
@@ -522,6 +527,7 @@ def test_sigterm_mid_stream_exits_0_never_confirms_too_far_and_a_restart_deliver
     assert outbox.confirmed_lsn() > last_commit
 
 
+@pytest.mark.core
 def test_sigterm_mid_stream_confirms_exactly_the_last_transaction_that_arrived(
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
@@ -567,6 +573,7 @@ def error_line(stderr: str) -> str:
 
 
 @pytest.mark.parametrize("missing", ["slot", "publication", "broker"])
+@pytest.mark.core
 def test_refuses_to_start_with_exit_code_2_and_one_line(outbox, missing):
     env = dict(outbox.env, CDC_STARTUP_TIMEOUT="3")
     name = f"missing_{uuid.uuid4().hex[:8]}"

@@ -4,10 +4,13 @@ the outbox, and a slot PostgreSQL invalidated (guarantee 6: never a silent re-cr
 from __future__ import annotations
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from tests.integration.stream.test_pipeline import error_line, run_refused
 from tests.plugins.pipeline import cdc, wait_until
+
+pytestmark = pytest.mark.core
 
 
 def test_slot_in_use_by_another_pipeline_is_refused(outbox, pipeline_process):

@@ -7,6 +7,7 @@ import json
 import uuid
 
 import psycopg
+import pytest
 
 from cdc.avro.store import SchemaStore
 from tests.integration.stream.test_pipeline import decode_value
@@ -33,6 +34,8 @@ def message_body(outbox, aggregate_id: str) -> dict:
     }
 
 
+@pytest.mark.core
+@pytest.mark.pg(min=14)
 def test_transactional_outbox_messages_are_events_others_are_not(outbox, pipeline_process, consume):
     proc = pipeline_process()
     proc.wait_streaming()

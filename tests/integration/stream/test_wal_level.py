@@ -11,6 +11,8 @@ import pytest
 
 from tests.integration.stream.test_pipeline import error_line, run_refused
 
+pytestmark = pytest.mark.core
+
 FIX = "ALTER SYSTEM SET wal_level = logical"
 
 

@@ -38,11 +38,13 @@ test: $(STAMP) stack-up ## start the stack, then run every test (unit and integr
 PG_VERSIONS ?= 13 14 15 16 17 18
 
 test-matrix: $(STAMP) ## the core integration tests on each PostgreSQL version (PG_VERSIONS="13 18")
-	@set -e; for v in $(PG_VERSIONS); do \
+	@failed=""; for v in $(PG_VERSIONS); do \
 		echo "== PostgreSQL $$v"; \
-		CDC_STACK_PG_VERSION=$$v bash stack/stack.sh up; \
-		( . .stack/env && $(BIN)/pytest tests/integration -m core $(PYTEST_ARGS) ); \
-	done
+		CDC_STACK_PG_VERSION=$$v bash stack/stack.sh up || { failed="$$failed $$v"; continue; }; \
+		( . .stack/env && $(BIN)/pytest tests/integration -m core $(PYTEST_ARGS) ) || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-matrix: FAILED on PostgreSQL$$failed"; exit 1; fi; \
+	echo "test-matrix: passed on PostgreSQL $(PG_VERSIONS)"
 
 unit: $(STAMP) ## only the tests that need no service
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

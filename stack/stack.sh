@@ -7,6 +7,8 @@
 #   stack/stack.sh down     stop only the processes this script started (pid files)
 #   stack/stack.sh status   say what runs, and where its log is
 #   stack/stack.sh clean    down, then remove the stack's state (the Kafka jars and the registry build too)
+#   stack/stack.sh standby  start a physical standby of the PostgreSQL cluster (port + 100), set up to sync
+#                           failover slots on 17+, and add its multi-host URL to .stack/env
 #
 # Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT,
 # CDC_STACK_KAFKA_CONTROLLER_PORT and CDC_STACK_REGISTRY_PORT.
@@ -73,6 +75,9 @@ set_pg_paths() {
     PG_RUN=$PG_BASE/run$PG_SUFFIX
     PG_LOG=$PG_BASE/logs/postgres$PG_SUFFIX.log
     PG_DIST=$PG_BASE/pg-dist
+    PG_STANDBY_DATA=$PG_DATA-standby
+    PG_STANDBY_RUN=$PG_RUN-standby
+    PG_STANDBY_LOG=$PG_BASE/logs/postgres$PG_SUFFIX-standby.log
 }
 
 choose_pg_base() {
@@ -243,11 +248,14 @@ server_bin_for() {
     fi
 }
 
-# Every cluster of this stack: the default version's, and one per other version that was started.
+# Every cluster of this stack: the default version's, one per other version that was started, and their
+# standbys (stopped first).
 all_pg_data() {
-    local major
+    local major data
     for major in "$PG_DEFAULT_VERSION" "${!PG_RELEASES[@]}"; do
-        if [ "$major" = "$PG_DEFAULT_VERSION" ]; then echo "$PG_BASE/pg"; else echo "$PG_BASE/pg-$major"; fi
+        if [ "$major" = "$PG_DEFAULT_VERSION" ]; then data=$PG_BASE/pg; else data=$PG_BASE/pg-$major; fi
+        echo "$data-standby"
+        echo "$data"
     done
 }
 
@@ -262,6 +270,65 @@ stop_postgres() {
         stopped=1
     done
     [ "$stopped" = 1 ] || say "postgres is not running"
+}
+
+psql_primary() {
+    as_pg "$PG_CLIENT_BIN/psql" -X -q -tA -h "$PG_RUN" -p "$PG_PORT" -U "$PG_SUPERUSER" -d postgres "$@"
+}
+
+# A physical standby of the cluster: a cold copy of the primary's data directory (taken while it is stopped
+# for a moment; zonky's releases hold no pg_basebackup, and Debian's cannot back up a newer server),
+# streaming from the physical slot cdc_standby. On 17+ it synchronizes failover slots (`cdc setup
+# --failover`), and the primary waits for it before it hands a change to a logical walsender.
+start_standby() {
+    local standby_port=$((PG_PORT + 100)) slot=cdc_standby major
+    start_postgres
+    major=$(cat "$PG_DATA/PG_VERSION")
+    if [ -f "$PG_STANDBY_DATA/PG_VERSION" ] && as_pg "$PG_BIN/pg_ctl" -D "$PG_STANDBY_DATA" status >/dev/null 2>&1; then
+        say "standby of postgres $PG_VERSION already running on 127.0.0.1:$standby_port"
+    else
+        if [ ! -f "$PG_STANDBY_DATA/PG_VERSION" ]; then
+            say "making a standby of postgres $PG_VERSION in $PG_STANDBY_DATA (the primary stops for the copy)"
+            psql_primary -c "SELECT pg_create_physical_replication_slot('$slot', true)
+                WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '$slot')" >/dev/null
+            if [ "$major" -ge 17 ]; then
+                psql_primary -c "ALTER SYSTEM SET synchronized_standby_slots = '$slot'" >/dev/null
+            fi
+            as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 60 stop >/dev/null || fail "postgres did not stop" "$PG_LOG"
+            rm -rf "$PG_STANDBY_DATA"
+            cp -a "$PG_DATA" "$PG_STANDBY_DATA" || fail "could not copy $PG_DATA"
+            start_postgres
+            rm -f "$PG_STANDBY_DATA/postmaster.pid" "$PG_STANDBY_DATA/postmaster.opts"
+            rm -rf "$PG_STANDBY_DATA/pg_replslot/"*
+            mkdir -p "$PG_STANDBY_RUN"
+            {
+                echo "port = $standby_port"
+                echo "unix_socket_directories = '$PG_STANDBY_RUN'"
+                echo "primary_conninfo = 'host=127.0.0.1 port=$PG_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB'"
+                echo "primary_slot_name = '$slot'"
+                echo "hot_standby_feedback = on"
+                if [ "$major" -ge 17 ]; then
+                    echo "sync_replication_slots = on"
+                    # Once promoted, it must not wait for a standby of its own.
+                    echo "synchronized_standby_slots = ''"
+                fi
+            } >>"$PG_STANDBY_DATA/postgresql.auto.conf"
+            touch "$PG_STANDBY_DATA/standby.signal"
+            if is_root; then chown -R postgres: "$PG_STANDBY_DATA" "$PG_STANDBY_RUN"; fi
+        fi
+        say "starting the standby of postgres $PG_VERSION on 127.0.0.1:$standby_port"
+        touch "$PG_STANDBY_LOG"
+        if is_root; then chown postgres: "$PG_STANDBY_LOG"; fi
+        as_pg "$PG_BIN/pg_ctl" -D "$PG_STANDBY_DATA" -l "$PG_STANDBY_LOG" -w -t 60 start >/dev/null ||
+            fail "the standby did not start" "$PG_STANDBY_LOG"
+    fi
+    local i
+    for i in $(seq 1 60); do
+        [ "$(psql_primary -c "SELECT active FROM pg_replication_slots WHERE slot_name = '$slot'")" = t ] && break
+        [ "$i" = 60 ] && fail "the standby does not stream from the primary" "$PG_STANDBY_LOG"
+        sleep 0.5
+    done
+    PG_STANDBY_PORT=$standby_port
 }
 
 java_major() {
@@ -431,6 +498,9 @@ start_registry() {
 stop_registry() { stop_by_pid_file "schema registry" "$REGISTRY_PID"; }
 
 write_env() {
+    if [ -f "$PG_STANDBY_DATA/PG_VERSION" ] && as_pg "$PG_BIN/pg_ctl" -D "$PG_STANDBY_DATA" status >/dev/null 2>&1; then
+        PG_STANDBY_PORT=$((PG_PORT + 100))
+    fi
     local url="postgresql://$PG_SUPERUSER:$(pg_password)@127.0.0.1:$PG_PORT/$PG_DB"
     (
         umask 077
@@ -445,6 +515,13 @@ export CDC_STACK_PG_SOCKET_DIR='$PG_RUN'
 export CDC_STACK_PG_PORT='$PG_PORT'
 export CDC_STACK_KAFKA_LIBS='$KAFKA_LIBS'
 EOF
+        if [ -n "${PG_STANDBY_PORT:-}" ]; then
+            cat >>"$STACK_DIR/env" <<EOF
+# The primary and its standby (stack/stack.sh standby): what follows a promotion.
+export CDC_STACK_PG_STANDBY_PORT='$PG_STANDBY_PORT'
+export CDC_STACK_PG_FAILOVER_URL='host=127.0.0.1,127.0.0.1 port=$PG_PORT,$PG_STANDBY_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB target_session_attrs=read-write'
+EOF
+        fi
     )
 }
 
@@ -508,8 +585,16 @@ case "${1:-}" in
     down) cmd_down ;;
     status) cmd_status ;;
     clean) cmd_clean ;;
+    standby)
+        mkdir -p "$STACK_DIR/logs"
+        ensure_postgres_installed
+        choose_pg_base
+        start_standby
+        write_env
+        say "standby ready on 127.0.0.1:$PG_STANDBY_PORT; CDC_STACK_PG_FAILOVER_URL in $STACK_DIR/env"
+        ;;
     *)
-        echo "usage: stack/stack.sh up|down|status|clean" >&2
+        echo "usage: stack/stack.sh up|down|status|clean|standby" >&2
         exit 2
         ;;
 esac

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import urllib.request
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -12,6 +16,10 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from psycopg import sql
+
+from tests.plugins.pipeline import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_postgres_round_trips_a_row(pg_conn, table_name):
@@ -117,3 +125,35 @@ def test_schema_registry_registers_looks_up_and_enforces_compatibility(schema_re
 
         # Confluent's ids: one per distinct schema, shared by every subject that registers it.
         assert client.register_schema(f"{unique_name('sr')}-value", v2) == v2_id
+
+
+@pytest.mark.core
+def test_the_stack_starts_a_standby_that_streams_and_syncs_failover_slots(tmp_path, pg_major):
+    """`stack/stack.sh standby` on a stack of its own (same version, other ports): a physical standby of the
+    cluster, and on 17+ set up to synchronize failover slots."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
+        "CDC_STACK_DIR": str(tmp_path / "stack"),
+        "CDC_STACK_PG_VERSION": str(pg_major),
+        "CDC_STACK_PG_PORT": str(free_port()),
+    }
+    script = str(ROOT / "stack" / "stack.sh")
+    try:
+        done = subprocess.run(
+            ["bash", script, "standby"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        stack_env = (tmp_path / "stack" / "env").read_text()
+        url = re.search(r"CDC_STACK_PG_FAILOVER_URL='([^']+)'", stack_env)
+        assert url, stack_env
+        with psycopg.connect(url.group(1), connect_timeout=5) as primary:
+            assert primary.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
+            senders = primary.execute("SELECT count(*) FROM pg_stat_replication").fetchone()
+            assert senders == (1,)
+        standby_url = url.group(1).replace("target_session_attrs=read-write", "target_session_attrs=standby")
+        with psycopg.connect(standby_url, connect_timeout=5) as standby:
+            assert standby.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+            if pg_major >= 17:
+                assert standby.execute("SHOW sync_replication_slots").fetchone() == ("on",)
+    finally:
+        subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)

@@ -12,7 +12,7 @@ from tests.plugins.pipeline import cdc, wait_until
 pytestmark = pytest.mark.core
 
 
-def test_status_reports_the_slot_lag_and_the_outbox(outbox, pipeline_process):
+def test_status_reports_the_slot_lag_and_the_outbox(outbox, pipeline_process, pg_major):
     outbox.commit([outbox.event("s-1"), outbox.event("s-1")])
     done = cdc(outbox.env, "status", "--json")
     assert done.returncode == 0, done.stderr
@@ -23,6 +23,11 @@ def test_status_reports_the_slot_lag_and_the_outbox(outbox, pipeline_process):
     assert report["oldest_row_age_s"] >= 0
     assert report["lag_bytes"] > 0, "two events are not streamed yet: the slot lags"
     assert report["retained_wal_bytes"] >= report["lag_bytes"]
+    assert report["server_version"].startswith(str(pg_major))
+    # PostgreSQL 17 says since when an unused slot is idle, and whether it is a failover slot.
+    assert (report["inactive_since"] is not None) is (pg_major >= 17)
+    assert report["failover"] is (False if pg_major >= 17 else None)
+    assert report["invalidation_reason"] is None
 
     proc = pipeline_process()
     proc.wait_streaming()
@@ -32,6 +37,7 @@ def test_status_reports_the_slot_lag_and_the_outbox(outbox, pipeline_process):
     streaming = json.loads(cdc(outbox.env, "status", "--json").stdout)
     assert streaming["active"] is True and streaming["active_pid"] == outbox.slot_active_pid()
     assert streaming["lag_bytes"] < report["lag_bytes"]
+    assert streaming["inactive_since"] is None
     table = cdc(outbox.env, "status")
     assert table.returncode == 0
     assert f"slot                   {outbox.slot}" in table.stdout

@@ -3,12 +3,16 @@ the outbox, and a slot PostgreSQL invalidated (guarantee 6: never a silent re-cr
 
 from __future__ import annotations
 
+import json
+import time
+
 import psycopg
 import pytest
 from psycopg import sql
 
 from tests.integration.stream.test_pipeline import error_line, run_refused
-from tests.plugins.pipeline import cdc, wait_until
+from tests.plugins.pgcluster import extra_cluster
+from tests.plugins.pipeline import SCHEMAS_DIR, _env_for, cdc, wait_until
 
 pytestmark = pytest.mark.core
 
@@ -36,7 +40,7 @@ def test_publication_that_does_not_cover_the_outbox_is_refused(outbox, unique_na
     assert "ALTER PUBLICATION" in line
 
 
-def test_invalidated_slot_is_refused_and_not_recreated(outbox, pg_admin_dsn, unique_name):
+def test_invalidated_slot_is_refused_and_not_recreated(outbox, pg_admin_dsn, unique_name, pg_major):
     """A slot whose WAL is gone (wal_status = lost): `cdc run` refuses and leaves it for a human."""
     filler = sql.Identifier(unique_name("filler")[:63])
     outbox.conn.execute(sql.SQL("CREATE TABLE {} (x text)").format(filler))
@@ -71,7 +75,9 @@ def test_invalidated_slot_is_refused_and_not_recreated(outbox, pg_admin_dsn, uni
     code, stderr, _ = run_refused(outbox.env)
     assert code == 2, stderr
     line = error_line(stderr)
-    assert f"replication slot '{outbox.slot}' was invalidated by PostgreSQL (wal_status = lost)" in line
+    # PostgreSQL 17 names the reason.
+    why = "invalidation_reason = wal_removed" if pg_major >= 17 else "wal_status = lost"
+    assert f"replication slot '{outbox.slot}' was invalidated by PostgreSQL ({why})" in line
 
     status = cdc(outbox.env, "status")
     assert status.returncode == 2, "cdc status must alert on a lost slot"
@@ -81,3 +87,39 @@ def test_invalidated_slot_is_refused_and_not_recreated(outbox, pg_admin_dsn, uni
         "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (outbox.slot,)
     ).fetchone()
     assert row == ("lost",), "the lost slot must be left as it is, never re-created"
+
+
+@pytest.mark.pg(min=18)
+def test_a_slot_invalidated_for_idleness_is_refused_with_its_reason(unique_name, kafka_bootstrap):
+    """PostgreSQL 18's idle_replication_slot_timeout invalidates a slot that nothing streamed from: a new
+    invalidation_reason (idle_timeout), with wal_status = lost and the restart_lsn kept."""
+    with extra_cluster(wal_level="logical", idle_replication_slot_timeout="1s") as dsn:
+        env = _env_for(
+            {
+                "CDC_DATABASE_URL": dsn,
+                "CDC_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+                "CDC_SLOT": unique_name("slot")[:63],
+                "CDC_PUBLICATION": unique_name("pub")[:63],
+                "CDC_TABLE": "public." + unique_name("outbox")[:50],
+                "CDC_SCHEMAS_DIR": str(SCHEMAS_DIR),
+            }
+        )
+        assert cdc(env, "setup").returncode == 0
+        with psycopg.connect(dsn, autocommit=True) as conn:
+
+            def idle_out() -> str | None:
+                conn.execute("CHECKPOINT")  # the server checks for idle slots at checkpoints
+                row = conn.execute(
+                    "SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = %s",
+                    (env["CDC_SLOT"],),
+                ).fetchone()
+                return None if row is None else row[0]
+
+            time.sleep(1.5)
+            assert wait_until(idle_out, 30, "the idle slot to be invalidated", interval=0.5) == "idle_timeout"
+        code, stderr, _ = run_refused(env)
+        assert code == 2, stderr
+        assert "was invalidated by PostgreSQL (invalidation_reason = idle_timeout)" in error_line(stderr)
+        status = cdc(env, "status", "--json")
+        assert status.returncode == 2
+        assert json.loads(status.stdout)["invalidation_reason"] == "idle_timeout"

@@ -65,6 +65,7 @@ _CHOICES = {
     "subject_name_strategy": ("topic_record", "topic", "record"),
     "on_invalid_event": ("dlq", "stop"),
     "on_slot_active": ("refuse", "wait"),
+    "delivery": ("at-least-once", "exactly-once"),
     "log_format": ("text", "json"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 }
@@ -85,7 +86,7 @@ _RESERVED = {
     "bootstrap.servers": "set kafka.bootstrap_servers instead",
     "delivery.timeout.ms": "set delivery_timeout (seconds) instead",
     "message.timeout.ms": "set delivery_timeout (seconds) instead",
-    "transactional.id": "exactly-once mode is not supported yet",
+    "transactional.id": "set transactional_id (with delivery = 'exactly-once') instead",
 }
 
 
@@ -178,6 +179,12 @@ class Settings:
     heartbeat_interval: float = 30.0
     on_invalid_event: str = "dlq"
     on_slot_active: str = "refuse"  # "wait": a standby that takes over when the slot is released
+    # "exactly-once": Kafka transactions with the checkpoint inside (cdc.stream.transactions).
+    delivery: str = "at-least-once"
+    transactional_id: str | None = None  # None: derived from the database and the slot
+    checkpoint_topic: str = "outbox.cdc.checkpoints"
+    transaction_max_events: int = 20_000
+    transaction_max_seconds: float = 0.1
     log_level: str = "INFO"
     log_format: str = "text"
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)

@@ -266,6 +266,15 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
         raise _fail("slot", where("slot"), "lower-case letters, digits and _ (at most 63)", s.slot)
     if not _IDENT.fullmatch(s.publication):
         raise _fail("publication", where("publication"), "an unquoted identifier", s.publication)
+    if not _TOPIC.fullmatch(s.checkpoint_topic):
+        raise _fail(
+            "checkpoint_topic",
+            where("checkpoint_topic"),
+            "a Kafka topic name ([A-Za-z0-9._-])",
+            s.checkpoint_topic,
+        )
+    if s.transactional_id is not None and not s.transactional_id.strip():
+        raise _fail("transactional_id", where("transactional_id"), "a non-empty name, or unset", "")
     if not _TOPIC.fullmatch(s.dlq_topic):
         raise _fail("dlq_topic", where("dlq_topic"), "a Kafka topic name ([A-Za-z0-9._-])", s.dlq_topic)
     try:

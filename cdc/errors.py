@@ -30,7 +30,9 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── TopicMissingError         the topic does not exist and may not be created
 │   ├── RegistryUnavailableError  the schema registry does not answer or fails: events wait, with backoff
 │   └── DeliveryError             Kafka reported a fatal or timed-out delivery: the pipeline stops
-│       └── DeliveryRefusedError  Kafka refused records: the pipeline replays and dead-letters the culprit
+│       ├── DeliveryRefusedError  Kafka refused records: the pipeline replays and dead-letters the culprit
+│       ├── TransactionAbortedError   exactly-once: a Kafka transaction could not commit, was aborted; restart
+│       └── ProducerFencedError   exactly-once: another process took the transactional id: exit 1
 ├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
 ├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
 ├── DeserializationError          the consumer side: a value that cannot be decoded to an event
@@ -54,6 +56,8 @@ __all__ = [
     "DeadLetterError",
     "DeliveryError",
     "DeliveryRefusedError",
+    "ProducerFencedError",
+    "TransactionAbortedError",
     "DeserializationError",
     "EventError",
     "EventRefusedError",
@@ -219,6 +223,16 @@ class DeliveryRefusedError(DeliveryError):
     def __init__(self, message: str, *, refused: list[tuple[bytes, object]], lsn: int | None = None) -> None:
         super().__init__(message, lsn=lsn)
         self.refused = refused
+
+
+class TransactionAbortedError(DeliveryError):
+    """Exactly-once: the Kafka transaction could not commit and was aborted; the stream restarts from the
+    slot and skips what the last committed checkpoint covers."""
+
+
+class ProducerFencedError(DeliveryError):
+    """Exactly-once: another process initialised the same transactional id; this one publishes nothing
+    more."""
 
 
 class SchemaCompatibilityError(CdcError):

@@ -6,23 +6,28 @@ as an alerting check: a missing or invalidated slot is an error (non-zero exit),
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from confluent_kafka import KafkaException
 
 from cdc.config import Settings
 from cdc.errors import (
     CdcError,
+    SinkError,
     SlotActiveError,
     SlotInvalidatedError,
     SlotMissingError,
+    format_lsn,
     parse_lsn,
 )
 from cdc.pg import connect
 from cdc.stream import failover
 from cdc.stream.heartbeat import heartbeat_table
 from cdc.stream.source import quote_ident
+from cdc.stream.transactions import read_checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,12 @@ class SlotStatus:
     failover: bool | None = None
     synced_on_standby: bool | None = None
     failover_problems: list[str] | None = None
+    # Exactly-once: the last committed checkpoint in Kafka (cdc.stream.transactions), which the slot's
+    # confirmed position may trail but never pass.
+    delivery: str = "at-least-once"
+    checkpoint_lsn: str | None = None
+    checkpoint_commit_time: str | None = None
+    checkpoint_problem: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +80,24 @@ class SlotStatus:
 
 
 def slot_status(settings: Settings) -> SlotStatus:
+    status = _slot_status(settings)
+    if settings.delivery != "exactly-once":
+        return status
+    try:
+        checkpoint = read_checkpoint(settings, timeout=10)
+    except (SinkError, KafkaException) as exc:
+        return replace(status, delivery=settings.delivery, checkpoint_problem=str(exc))
+    if checkpoint is None:
+        return replace(status, delivery=settings.delivery, checkpoint_problem="no checkpoint committed yet")
+    return replace(
+        status,
+        delivery=settings.delivery,
+        checkpoint_lsn=format_lsn(checkpoint.end_lsn),
+        checkpoint_commit_time=datetime.fromtimestamp(checkpoint.commit_time_us / 1e6, tz=UTC).isoformat(),
+    )
+
+
+def _slot_status(settings: Settings) -> SlotStatus:
     with connect(settings.database_url) as conn:
         current = conn.execute(
             "SELECT pg_current_wal_lsn()::text, current_setting('server_version')"

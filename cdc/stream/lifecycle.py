@@ -12,12 +12,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
+
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc.avro.encoder import AvroEncoder
 from cdc.avro.store import SchemaStore
 from cdc.config import Settings, describe_dsn
-from cdc.errors import DeliveryError, DeliveryRefusedError, SlotActiveError, SourceConnectionError, format_lsn
+from cdc.errors import (
+    DeliveryError,
+    DeliveryRefusedError,
+    ProducerFencedError,
+    SlotActiveError,
+    SourceConnectionError,
+    TransactionAbortedError,
+    format_lsn,
+)
 from cdc.stream.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.stream.delivery import Delivery, delivery_log
 from cdc.stream.heartbeat import Heartbeat
@@ -25,6 +35,15 @@ from cdc.stream.refusals import RefusalLedger
 from cdc.stream.route import EventRouter
 from cdc.stream.sink import KafkaSink
 from cdc.stream.source import ReplicationSource, preflight
+from cdc.stream.transactions import (
+    FENCED,
+    Checkpoint,
+    KafkaTransaction,
+    checkpoint_key,
+    classify,
+    database_of,
+    read_checkpoint,
+)
 from cdc.stream.waits import Backoff, StopRequested
 
 if TYPE_CHECKING:
@@ -34,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdc.pipeline")
 
 STANDBY_POLL = 1.0  # seconds between a standby's attempts to take the slot over
+COMMIT_WAIT = 1.0  # seconds one commit_transaction() call may block before the slot's connection is served
 
 
 class Lifecycle(Delivery):
@@ -74,6 +94,17 @@ class Lifecycle(Delivery):
         self.heartbeat = Heartbeat(settings)
         self._last_data = time.monotonic()  # when the stream last carried a change
         self._routes: dict[tuple[bytes, bytes, bytes], Route] = {}
+        # Exactly-once delivery (cdc.stream.transactions).
+        self.exactly_once = settings.delivery == "exactly-once"
+        self.ktx = KafkaTransaction(settings)
+        self.checkpoint: Checkpoint | None = None  # what the last committed Kafka transaction covers
+        self._transactions_ready = False
+        self._kafka_safe_lsn = 0
+        self._skip_below = 0  # source transactions that commit below this LSN are in Kafka already
+        self._skipping = False
+        self.kafka_commits = 0
+        self.kafka_aborts = 0
+        self.skipped_transactions = 0
         # Decided once: the hot path must not pay for a closure per event when nobody reads the lines.
         self._trace = delivery_log.isEnabledFor(logging.DEBUG)
 
@@ -122,6 +153,8 @@ class Lifecycle(Delivery):
                     break
                 except DeliveryRefusedError as exc:
                     self._replay_after_refusal(exc)
+                except TransactionAbortedError as exc:
+                    self._restart_from_checkpoint(exc, backoff)
                 except SlotActiveError as exc:
                     if first and s.on_slot_active == "wait":
                         # A standby: the slot admits one walsender, so waiting on it is the whole protocol.
@@ -148,6 +181,11 @@ class Lifecycle(Delivery):
         session."""
         self._close_source()
         self.reconnects += 1
+        if self.ktx.open:
+            try:
+                self._end_kafka_transaction()
+            except TransactionAbortedError:
+                pass  # the next session starts from the checkpoint anyway
         self._drain_after_loss()
         delay = backoff.next_delay()
         log.warning("PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, backoff.attempt)
@@ -180,6 +218,8 @@ class Lifecycle(Delivery):
         source = ReplicationSource(s.database_url, slot=s.slot, publication=s.publication)
         source.start()
         self._source = source
+        if self.exactly_once:
+            self._start_transactions()
         self._backoff.reset()
         log.info(
             "slot %s: resuming after confirmed LSN %s%s",
@@ -192,6 +232,109 @@ class Lifecycle(Delivery):
     def _stream(self, source: ReplicationSource) -> None:
         raise NotImplementedError  # the hot loop: cdc.stream.pipeline.Pipeline
 
+    # -- exactly-once ----------------------------------------------------------------------------------------
+
+    def _start_transactions(self) -> None:
+        """Once the slot is ours (so that a waiting standby fences no one): fence any earlier producer of
+        the slot's transactional id, then read what the committed Kafka transactions cover. Every session
+        skips the source transactions up to there."""
+        s = self.settings
+        if not self._transactions_ready:
+            self.sink.init_transactions(s.startup_timeout)
+            self.sink.ensure_compacted_topic(s.checkpoint_topic)
+            self.checkpoint = read_checkpoint(s, s.startup_timeout)
+            self._transactions_ready = True
+            log.info(
+                "exactly-once: transactional id %s, checkpoint %s in %s",
+                self.sink.transactional_id,
+                format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "none yet",
+                s.checkpoint_topic,
+            )
+        self._skip_below = self.checkpoint.end_lsn if self.checkpoint else 0
+        self._skipping = False
+        self._kafka_safe_lsn = self.tracker.confirmed_lsn
+
+    def _begin_source_transaction(self, commit_lsn: int) -> None:
+        """A Begin: skip the source transaction when a committed Kafka transaction holds it, else make sure
+        a Kafka transaction is open for its events."""
+        self._skipping = commit_lsn < self._skip_below
+        if self._skipping:
+            self.skipped_transactions += 1
+        elif not self.ktx.open:
+            self.sink.begin_transaction()
+            self.ktx.begun(time.monotonic())
+
+    def _commit_kafka(self) -> None:
+        """The checkpoint record, then the commit; retried while Kafka says it may be, keeping the slot's
+        connection alive. What cannot commit is aborted (TransactionAbortedError: the stream restarts from
+        the checkpoint); a fenced producer ends the run."""
+        ktx, s = self.ktx, self.settings
+        checkpoint = None
+        if ktx.events:
+            checkpoint = Checkpoint(ktx.last_end_lsn, ktx.last_commit_us)
+            value = checkpoint.encode(slot=s.slot, database=database_of(s))
+            self.sink.produce_checkpoint(s.checkpoint_topic, checkpoint_key(s), value)
+        deadline = time.monotonic() + s.delivery_timeout
+        while True:
+            try:
+                self.sink.commit_transaction(COMMIT_WAIT)
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                retry = isinstance(err, KafkaError) and err.retriable() and not err.txn_requires_abort()
+                if retry and time.monotonic() < deadline:
+                    self._keep_alive()
+                    continue
+                self._abort_kafka(classify(exc, "commit", self.sink.transactional_id or ""))
+        ktx.open = False
+        self.sink.poll(0)  # the delivery reports of what was committed: the watermark moves
+        self.kafka_commits += 1
+        if checkpoint is not None:
+            self.checkpoint = checkpoint
+        self._kafka_safe_lsn = max(self._kafka_safe_lsn, ktx.last_end_lsn)
+
+    def _abort_kafka(self, reason: DeliveryError) -> NoReturn:
+        """Abort the open Kafka transaction: its records are acknowledged but will never be read
+        (read_committed), so the watermark goes back to what committed transactions cover."""
+        self.kafka_aborts += 1
+        self.ktx.open = False
+        self.tracker = AckTracker(self._kafka_safe_lsn, latency=self.latency)
+        self._txn = None
+        if isinstance(reason, ProducerFencedError):
+            raise reason
+        try:
+            self.sink.abort_transaction(self.settings.delivery_timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() in FENCED:
+                raise classify(exc, "abort", self.sink.transactional_id or "") from exc
+            log.warning("could not abort the Kafka transaction (%s): a new producer replaces it", exc)
+            self.sink.reset()
+        raise reason
+
+    def _restart_from_checkpoint(self, exc: TransactionAbortedError, backoff: Backoff) -> None:
+        self._close_source()
+        delay = backoff.next_delay()
+        log.warning(
+            "%s; aborted it, restarting from the checkpoint %s in %.1f s",
+            exc,
+            format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "(none yet)",
+            delay,
+        )
+        if self.sink.fatal_error is not None:
+            self.sink.reset()
+        self._sleep(delay)
+
+    def _end_kafka_transaction(self) -> None:
+        """Before the source goes (a lost connection, a replay, a stop): commit the open Kafka transaction
+        when it holds whole source transactions only, else abort it."""
+        if not self.ktx.open:
+            return
+        if self._txn is None and self.tracker.failure is None and self.sink.fatal_error is None:
+            self._commit_kafka()
+            return
+        self._abort_kafka(TransactionAbortedError("a source transaction was cut short"))
+
     def _replay_after_refusal(self, exc: DeliveryRefusedError) -> None:
         """Kafka refused records and the producer stopped before anything went behind them: replay from
         the slot with a new producer; the refused records are produced alone, and the one Kafka refuses
@@ -201,8 +344,11 @@ class Lifecycle(Delivery):
         )
         self._alone = None
         self._close_source()
+        if self.ktx.open:  # exactly-once: its records are refused or behind a refusal
+            self.ktx.open = False
+            self.kafka_aborts += 1
         self.sink.reset()
-        self.tracker = AckTracker(self.tracker.confirmed_lsn, latency=self.latency)
+        self.tracker = AckTracker(self._confirmable_after_reset(), latency=self.latency)
         self._routes.clear()  # topic limits are read again
         self.refusal_replays += 1
         log.warning(
@@ -210,6 +356,12 @@ class Lifecycle(Delivery):
             exc,
             self.refusal_replays,
         )
+
+    def _confirmable_after_reset(self) -> int:
+        """The watermark a new producer starts from: with exactly-once, only committed transactions count."""
+        if self.exactly_once:
+            return min(self.tracker.confirmed_lsn, self._kafka_safe_lsn)
+        return self.tracker.confirmed_lsn
 
     def _drain_after_loss(self) -> None:
         """After losing the source: let Kafka finish what it has, so the restarted stream's replays come
@@ -230,6 +382,11 @@ class Lifecycle(Delivery):
     def _shutdown(self) -> None:
         """Stop reading, wait (bounded) for what is in flight, confirm what was acknowledged, close."""
         timeout = self.settings.shutdown_timeout
+        if self.ktx.open:
+            try:
+                self._end_kafka_transaction()
+            except (DeliveryError, StopRequested) as exc:
+                log.warning("the open Kafka transaction was not committed: %s", exc)
         if self.tracker.failure is not None:
             self.sink.purge_queue()  # what it still holds would land behind the failed record
         left = self.sink.flush(timeout)
@@ -251,7 +408,7 @@ class Lifecycle(Delivery):
                 log.warning(
                     "could not confirm %s at shutdown (%s): events after the slot's position will be "
                     "published again",
-                    format_lsn(self.tracker.confirmed_lsn),
+                    format_lsn(self._confirmable()),
                     exc,
                 )
             self._source = None
@@ -260,8 +417,15 @@ class Lifecycle(Delivery):
             "stopped: %d events published, %d dead-lettered, confirmed LSN %s",
             self.events_published,
             self.events_dead_lettered,
-            format_lsn(self.tracker.confirmed_lsn),
+            format_lsn(self._confirmable()),
         )
+        if self.exactly_once:
+            log.info(
+                "exactly-once: %d Kafka transactions committed, %d aborted, %d source transactions skipped",
+                self.kafka_commits,
+                self.kafka_aborts,
+                self.skipped_transactions,
+            )
         latency = self.latency
         if latency.total:
             log.info(

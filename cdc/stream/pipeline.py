@@ -72,6 +72,7 @@ class Pipeline(Lifecycle):
         poll = self.sink.poll
         status_interval = self.settings.status_interval
         heartbeat = self.heartbeat
+        ktx = self.ktx
         while not self._stop:
             batch = source.read(READ_TIMEOUT)
             last_wal = None
@@ -105,16 +106,20 @@ class Pipeline(Lifecycle):
             poll(0)
             if tracker.failure is not None or self.sink.fatal_error is not None:
                 self._delivery_failed()
+            if ktx.open and self._txn is None and ktx.due(now):
+                self._commit_kafka()  # exactly-once: a quiet stream commits what it has
             # Status updates: whenever the watermark moved, but not more often than STATUS_MIN_INTERVAL
             # (at tens of thousands of events a second it moves with every batch), and at least every
             # status_interval so the server does not take us for dead.
             since = now - source.last_status_at
             if since >= status_interval or (
-                tracker.confirmed_lsn != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
+                self._confirmable() != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
             ):
                 self._send_status()
 
     def _outbox_insert(self, values: Values) -> None:
+        if self._skipping:
+            return  # exactly-once: a source transaction that a committed Kafka transaction already holds
         try:
             fields = self.router.row_fields(values)
         except MalformedEventError as exc:
@@ -227,12 +232,21 @@ class Pipeline(Lifecycle):
             self._txn_lsn = format_lsn(message.final_lsn).encode()
             self._txn_xid = str(message.xid).encode()
             self._txn_ts_ms = message.commit_time_us // 1000
+            if self.exactly_once:
+                self._begin_source_transaction(message.final_lsn)
         elif isinstance(message, Commit):
             txn = self._txn
             if txn is None:
                 raise CdcError("Commit without Begin on the replication stream", lsn=message.end_lsn)
             self._txn = None
             self.tracker.commit(txn, message.end_lsn)
+            ktx = self.ktx
+            if ktx.open:  # exactly-once: the source transaction is whole in the Kafka transaction
+                ktx.events += txn.events
+                ktx.last_end_lsn = message.end_lsn
+                ktx.last_commit_us = txn.commit_time_us
+                if ktx.due(time.monotonic()):
+                    self._commit_kafka()
         elif isinstance(message, Relation):
             if self.router.relation(message):
                 log.info(
@@ -242,6 +256,8 @@ class Pipeline(Lifecycle):
             if message.prefix == HEARTBEAT_PREFIX:
                 self.heartbeat.came_back()
             elif message.prefix == MESSAGE_PREFIX:
+                if self._skipping and message.transactional:
+                    return
                 if not message.transactional or self._txn is None:
                     # No transaction to tie it to, so nothing to confirm it with: not an event. Counted,
                     # so that a producer that forgets `transactional => true` shows on /metrics.

@@ -100,6 +100,11 @@ class KafkaSink:
         self.fatal_error: KafkaError | None = None
         self._last_error_log = 0.0
         self._conf = producer_config(settings)
+        self.transactional_id: str | None = None
+        if settings.delivery == "exactly-once":
+            from cdc.stream.transactions import transactional_id
+
+            self.transactional_id = self._conf["transactional.id"] = transactional_id(settings)
         # What one record or one batch may take on the wire; a topic that takes less gets checked records.
         self.message_max_bytes = int(self._conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
         self._producer = self._new_producer()
@@ -139,6 +144,44 @@ class KafkaSink:
         self.fatal_error = None
         self._limits.clear()
         self._producer = self._new_producer()
+        if self.transactional_id is not None:
+            self.init_transactions(self._settings.startup_timeout)
+
+    # -- exactly-once: the transactional producer (cdc.stream.transactions) --------------------------------
+
+    def init_transactions(self, timeout: float) -> None:
+        """Register the transactional id with Kafka: fences any earlier producer with the same id and
+        aborts what it left open."""
+        try:
+            self._producer.init_transactions(timeout)
+        except KafkaException as exc:
+            raise BrokerUnreachableError(
+                f"Kafka did not initialise transactional id {self.transactional_id!r} within {timeout:g} s "
+                f"({_kafka_reason(exc)}): exactly-once delivery needs a broker with transactions "
+                "(transaction.state.log.* settings) and the TransactionalId Write permission"
+            ) from exc
+
+    def begin_transaction(self) -> None:
+        self._producer.begin_transaction()
+
+    def commit_transaction(self, timeout: float) -> None:
+        """Flush and commit; raises KafkaException (the caller tells fenced, abortable and retriable)."""
+        self._producer.commit_transaction(timeout)
+
+    def abort_transaction(self, timeout: float) -> None:
+        self._producer.abort_transaction(timeout)
+
+    def produce_checkpoint(self, topic: str, key: bytes, value: bytes) -> None:
+        self._produce(topic, value, key)
+
+    def ensure_compacted_topic(self, topic: str) -> None:
+        """The checkpoint topic: one partition, compacted (one record per slot is what is kept)."""
+        if topic in self._known_topics:
+            return
+        metadata = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            self._create_topic(topic, partitions=1, config={"cleanup.policy": "compact"})
+        self._known_topics.add(topic)
 
     def poll(self, timeout: float) -> int:
         """Serve delivery reports. A fatal producer error (a refused batch under the gapless guarantee)
@@ -245,10 +288,13 @@ class KafkaSink:
             return None
         return None if worst_case_size(self.message_max_bytes) <= limit else limit
 
-    def _create_topic(self, topic: str) -> None:
+    def _create_topic(self, topic: str, partitions: int = 0, config: dict[str, str] | None = None) -> None:
         s = self._settings
         new = NewTopic(
-            topic, num_partitions=s.topic_partitions, replication_factor=s.topic_replication_factor
+            topic,
+            num_partitions=partitions or s.topic_partitions,
+            replication_factor=s.topic_replication_factor,
+            config=config or {},
         )
         try:
             self._admin.create_topics([new], operation_timeout=30)[topic].result(timeout=60)
@@ -258,10 +304,11 @@ class KafkaSink:
                 return
             raise SinkError(f"cannot create topic '{topic}': {_kafka_reason(exc)}") from exc
         log.info(
-            "created topic %s (%d partitions, replication factor %d)",
+            "created topic %s (%d partitions, replication factor %d%s)",
             topic,
-            s.topic_partitions,
+            partitions or s.topic_partitions,
             s.topic_replication_factor,
+            "".join(f", {k}={v}" for k, v in (config or {}).items()),
         )
 
     def produce(

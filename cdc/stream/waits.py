@@ -23,6 +23,7 @@ from cdc.stream.checkpoint import AckTracker, Transaction
 from cdc.stream.refusals import GAPLESS_STOP, RefusalLedger, error_code, error_text
 from cdc.stream.sink import KafkaSink
 from cdc.stream.source import ReplicationSource
+from cdc.stream.transactions import KafkaTransaction
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -69,6 +70,19 @@ class Waits:
     _txn_ts_ms: int
     _alone: bytes | None  # the digest of the record produced alone, while it is
     _trace: bool
+    # Exactly-once (cdc.stream.transactions): the open Kafka transaction, and the LSN that committed ones
+    # cover, beyond which the slot may not be confirmed while a Kafka transaction is open.
+    ktx: KafkaTransaction
+    _kafka_safe_lsn: int
+
+    def _confirmable(self) -> int:
+        """What may be confirmed to the slot: the acknowledged watermark, and with exactly-once delivery no
+        further than the committed Kafka transactions while one is open (its records are acknowledged
+        before they are committed)."""
+        confirmed = self.tracker.confirmed_lsn
+        if self.ktx.open and confirmed > self._kafka_safe_lsn:
+            return self._kafka_safe_lsn
+        return confirmed
 
     def _ensure_topic(self, topic: str) -> None:
         self._waiting(lambda: self.sink.ensure_topic(topic), TopicMissingError, f"topic {topic} exists now")
@@ -108,7 +122,7 @@ class Waits:
             return
         since = time.monotonic() - source.last_status_at
         if since >= min(1.0, self.settings.status_interval) or (
-            self.tracker.confirmed_lsn != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
+            self._confirmable() != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
         ):
             self._send_status()
 
@@ -116,7 +130,7 @@ class Waits:
         source = self._source
         if source is None:
             return
-        confirmed = self.tracker.confirmed_lsn
+        confirmed = self._confirmable()
         source.send_status(max(self._received, confirmed), confirmed)
         if self.refusals.active:
             self.refusals.settled(confirmed)

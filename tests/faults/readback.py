@@ -45,6 +45,9 @@ def read_partitions(bootstrap: str, topic: str) -> Iterator[object]:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "fetch.max.bytes": 52_428_800,
+            # With Kafka transactions a partition ends with a commit marker, which is never handed over:
+            # its end is known by the end-of-partition event.
+            "enable.partition.eof": True,
         }
     )
     try:
@@ -59,6 +62,7 @@ def read_partitions(bootstrap: str, topic: str) -> Iterator[object]:
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
+                        todo.pop(msg.partition(), None)
                         continue
                     raise KafkaException(err)
                 partition = msg.partition()

@@ -1,6 +1,7 @@
 """`make faults`: the pipeline under a seeded schedule of faults, then a count of what Kafka holds.
 
     python -m tests.faults [--seed N] [--duration 170] [--runs 1] [--big-rows 1000000] [--sabotage]
+                           [--delivery exactly-once]
 
 One run: a fresh broker on the fault stack (`tests/faults/stack.py`), a private outbox (table, publication,
 slot, topics), `cdc run` under a supervisor that restarts it whenever it exits, the load of
@@ -9,6 +10,9 @@ faults stop, the load stops, the pipeline must catch up (the slot confirmed past
 must end it with exit 0, every topic is read back and decoded, and a second `cdc run` must publish nothing.
 Then one figure line; the last line printed is the figure line of the run (or of all runs). Exit 1 on any
 violation, 2 when the harness itself could not run.
+
+``--delivery exactly-once`` runs `cdc run` with Kafka transactions: then a read_committed reader must see
+no duplicate either (``no_duplicates_for_read_committed``).
 
 ``--sabotage`` advances the slot behind the pipeline's back in the middle of the run: the suite must then
 report missing events and exit 1 (the proof that it can fail).
@@ -120,6 +124,8 @@ def prepare(stack: FaultStack, seed: int, args: argparse.Namespace) -> Run:
             "CDC_LOG_LEVEL": args.log_level,
         }
     )
+    if args.delivery == "exactly-once":
+        env.update(CDC_DELIVERY="exactly-once", CDC_CHECKPOINT_TOPIC=f"{tag}.checkpoints")
     return Run(
         seed=seed,
         tag=tag,
@@ -401,6 +407,8 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
         "ledger_matches_table": in_table == verdict.committed,
         "every_fault_done": not faults.errors,
     }
+    if args.delivery == "exactly-once":
+        verdict.facts["no_duplicates_for_read_committed"] = verdict.duplicates == 0
     line = figure_line(run, verdict, faults, supervisor, schedule, args, time.monotonic() - started)
     violations = verdict.violations()
     exits = [f"exit of start {e.start}: code {e.code}: {e.reason}" for e in supervisor.unexpected_exits()]
@@ -444,6 +452,7 @@ def figure_line(
     return (
         f"faults: seed={run.seed} result={'FAIL' if v.violations() else 'PASS'} missing={len(v.missing)} "
         f"broker={broker_mode(run.seed, args)} format={value_format(run.seed, args)} "
+        f"delivery={args.delivery} "
         f"duplicates={v.duplicates} committed={v.committed} rolled_back={v.rolled_back} records={v.records} "
         f"rolled_back_seen={len(v.rolled_back_seen)} order={len(v.order_violations)} "
         f"split_keys={len(v.split_keys)} dead_letters={v.dead_letters} "
@@ -491,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("auto", "fresh", "restart"),
         default="auto",
         help="start each run's broker on wiped storage, or restart it on the storage of earlier runs",
+    )
+    parser.add_argument(
+        "--delivery",
+        choices=("at-least-once", "exactly-once"),
+        default="at-least-once",
+        help="exactly-once: Kafka transactions; a read_committed reader must see no duplicate",
     )
     parser.add_argument("--keep", action="store_true", help="keep the logs of passing runs too")
     parser.add_argument("--keep-stack", action="store_true", help="leave the fault stack running at the end")

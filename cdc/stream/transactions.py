@@ -1,0 +1,168 @@
+"""Exactly-once delivery (``delivery = "exactly-once"``): Kafka transactions with the checkpoint inside.
+
+The producer is transactional, its ``transactional.id`` stable for the slot (``outbox-cdc.<database>.<slot>``
+unless ``transactional_id`` says otherwise), so that a second process with the same id fences the first:
+after its ``init_transactions()``, a zombie's late commit is refused.
+
+A Kafka transaction spans whole source transactions: it begins with the first source transaction after the
+last commit and is committed at a source Commit once it holds ``transaction_max_events`` events or is
+``transaction_max_seconds`` old (or the stream goes quiet, or the pipeline stops). Before the commit, a
+checkpoint record goes into the same transaction, to the compacted ``checkpoint_topic``: key
+``<database>/<slot>``, value the end LSN of the last source transaction in it and that transaction's commit
+time. A read_committed consumer sees the events, their dead letters and the checkpoint together or not at all.
+
+The slot is confirmed only up to what a committed Kafka transaction covers, so the checkpoint is never
+behind the slot. At start the pipeline reads the checkpoint (read_committed) and skips every source
+transaction that ends at or below it: those the slot replays because it was confirmed late. A transaction
+that cannot commit is aborted and the stream restarts from the slot, skipping up to the checkpoint again;
+a fenced producer ends the run (exit 1: another process owns the slot's transactional id).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from psycopg.conninfo import conninfo_to_dict
+
+from cdc.config import Settings
+from cdc.errors import (
+    DeliveryError,
+    ProducerFencedError,
+    SinkError,
+    TransactionAbortedError,
+    format_lsn,
+    parse_lsn,
+)
+
+log = logging.getLogger("cdc.transactions")
+
+
+FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What the last committed Kafka transaction covers: source transactions up to ``end_lsn``."""
+
+    end_lsn: int
+    commit_time_us: int
+
+    def encode(self, *, slot: str, database: str) -> bytes:
+        commit_time = datetime.fromtimestamp(self.commit_time_us / 1e6, tz=UTC).isoformat()
+        return orjson.dumps(
+            {
+                "slot": slot,
+                "database": database,
+                "end_lsn": format_lsn(self.end_lsn),
+                "commit_time": commit_time,
+                "commit_time_us": self.commit_time_us,
+            }
+        )
+
+    @classmethod
+    def decode(cls, value: bytes) -> Checkpoint:
+        data = orjson.loads(value)
+        return cls(end_lsn=parse_lsn(data["end_lsn"]), commit_time_us=int(data["commit_time_us"]))
+
+
+def database_of(settings: Settings) -> str:
+    """The database that ``database_url`` names (libpq's default: the user's name)."""
+    params = conninfo_to_dict(settings.database_url)
+    return str(params.get("dbname") or params.get("user") or os.environ.get("PGDATABASE") or "postgres")
+
+
+def transactional_id(settings: Settings) -> str:
+    return settings.transactional_id or f"outbox-cdc.{database_of(settings)}.{settings.slot}"
+
+
+def checkpoint_key(settings: Settings) -> bytes:
+    return f"{database_of(settings)}/{settings.slot}".encode()
+
+
+def read_checkpoint(settings: Settings, timeout: float) -> Checkpoint | None:
+    """The latest committed checkpoint of this slot, or None when there is none (or no topic yet)."""
+    key = checkpoint_key(settings)
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka.bootstrap_servers,
+        "group.id": f"outbox-cdc-checkpoint-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "logger": log,
+    }
+    for name, value in settings.kafka.extra.items():
+        if name.startswith(("security.", "sasl.", "ssl.", "client.", "socket.")):
+            conf[name] = value
+    consumer = Consumer(conf)
+    found: Checkpoint | None = None
+    try:
+        topic = settings.checkpoint_topic
+        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            return None
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
+        unread = set(metadata.partitions)
+        deadline = time.monotonic() + timeout
+        while unread:
+            if time.monotonic() > deadline:
+                raise SinkError(
+                    f"could not read the checkpoint topic {topic} within {timeout:g} s: exactly-once "
+                    "delivery cannot start without knowing what was committed"
+                )
+            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        unread.discard(msg.partition())
+                        continue
+                    raise SinkError(f"reading the checkpoint topic {topic}: {err.str()}")
+                record = msg.value()
+                if msg.key() == key and record:
+                    found = Checkpoint.decode(record)
+    except KafkaException as exc:
+        raise SinkError(f"reading the checkpoint topic {settings.checkpoint_topic}: {exc}") from exc
+    finally:
+        consumer.close()
+    return found
+
+
+class KafkaTransaction:
+    """The open Kafka transaction: what it covers and when it is due for a commit."""
+
+    __slots__ = ("open", "started", "events", "last_end_lsn", "last_commit_us", "max_events", "max_age")
+
+    def __init__(self, settings: Settings) -> None:
+        self.open = False
+        self.started = 0.0
+        self.events = 0  # records of the source transactions committed into it so far
+        self.last_end_lsn = 0  # the end LSN of the last source transaction committed into it
+        self.last_commit_us = 0
+        self.max_events = settings.transaction_max_events
+        self.max_age = settings.transaction_max_seconds
+
+    def begun(self, now: float) -> None:
+        self.open, self.started, self.events = True, now, 0
+
+    def due(self, now: float) -> bool:
+        """Commit now: enough events, or old enough."""
+        return self.open and (self.events >= self.max_events or now - self.started >= self.max_age)
+
+
+def classify(exc: KafkaException, what: str, txn_id: str) -> DeliveryError:
+    """A transactional call's failure: fenced (the run ends), or an abort and a restart from the slot."""
+    err = exc.args[0] if exc.args else None
+    text = err.str() if isinstance(err, KafkaError) else str(exc)
+    if isinstance(err, KafkaError) and err.code() in FENCED:
+        return ProducerFencedError(
+            f"the Kafka producer was fenced ({text}): another process started with transactional id "
+            f"{txn_id!r}, so this one stops; a slot admits one pipeline"
+        )
+    return TransactionAbortedError(f"the Kafka transaction could not {what}: {text}")

@@ -1,0 +1,202 @@
+"""Exactly-once delivery (`delivery = "exactly-once"`): Kafka transactions that hold the events and the
+checkpoint together. A read_committed reader sees each event once: across a kill -9, with a checkpoint
+ahead of the slot, and with a zombie pipeline fenced by its successor. A read_uncommitted reader sees the
+aborted copies too: the tests show the difference."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections import Counter
+
+import orjson
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from cdc.errors import parse_lsn
+from tests.plugins.pipeline import Outbox, cdc, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def read_all(bootstrap: str, topic: str, *, committed: bool = True, quiet: float = 3.0) -> list:
+    """Every record of ``topic``, read until ``quiet`` seconds pass without one."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
+        }
+    )
+    records = []
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
+        last = time.monotonic()
+        while time.monotonic() - last < quiet:
+            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+                if msg.error() is None:
+                    records.append(msg)
+                    last = time.monotonic()
+                elif msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise AssertionError(msg.error().str())
+    finally:
+        consumer.close()
+    return records
+
+
+def ids(records) -> Counter:
+    return Counter(dict(r.headers())["id"].decode() for r in records)
+
+
+@pytest.fixture
+def eo(outbox: Outbox, unique_name) -> dict[str, str]:
+    """The environment of an exactly-once pipeline, with a checkpoint topic of the test's own."""
+    checkpoints = unique_name("ckpt")
+    outbox.topics.append(checkpoints)
+    return {"CDC_DELIVERY": "exactly-once", "CDC_CHECKPOINT_TOPIC": checkpoints}
+
+
+def expected_ids(outbox: Outbox) -> set[str]:
+    return outbox.ids()
+
+
+def test_events_and_their_checkpoint_commit_together_and_each_arrives_once(
+    outbox: Outbox, pipeline_process, eo, kafka_bootstrap
+):
+    proc = pipeline_process(**eo)
+    proc.wait_streaming()
+    proc.wait_for_log(r"exactly-once: transactional id outbox-cdc\.")
+    for n in range(20):
+        outbox.commit([outbox.event(f"a-{i % 4}") for i in range(5)])
+        if n == 10:
+            outbox.rollback([outbox.event("never")])
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 30, "the slot confirmed past the last row")
+    seen = ids(read_all(kafka_bootstrap, outbox.topic("order")))
+    assert set(seen) == expected_ids(outbox) and max(seen.values()) == 1
+
+    checkpoints = read_all(kafka_bootstrap, eo["CDC_CHECKPOINT_TOPIC"], quiet=1)
+    assert checkpoints, "no checkpoint record"
+    key = checkpoints[-1].key().decode()
+    assert key.endswith(f"/{outbox.slot}")
+    value = orjson.loads(checkpoints[-1].value())
+    assert value["slot"] == outbox.slot and value["commit_time_us"] > 0
+    # The checkpoint covers the last transaction, and the slot was confirmed no further than it.
+    assert parse_lsn(value["end_lsn"]) > last.lsn_before
+    assert outbox.confirmed_lsn() >= parse_lsn(value["end_lsn"])
+    assert proc.terminate() == 0
+    assert "Kafka transactions committed" in proc.log()
+
+
+def test_kill_9_under_load_publishes_nothing_twice_for_read_committed_readers(
+    outbox: Outbox, pipeline_process, eo, kafka_bootstrap
+):
+    proc = pipeline_process(**eo)
+    proc.wait_streaming()
+    for n in range(30):
+        outbox.bulk(400, per_transaction=40, first=n * 400)
+        if n in (8, 18):
+            proc.kill()
+            proc = pipeline_process(**eo)
+            proc.wait_streaming()
+    wait_until(
+        lambda: outbox.confirmed_lsn() >= outbox.transactions[-1].lsn_after, 60, "the slot confirmed the end"
+    )
+    topic = outbox.topic("order")
+    committed = Counter(r.value() for r in read_all(kafka_bootstrap, topic))
+    uncommitted = Counter(r.value() for r in read_all(kafka_bootstrap, topic, committed=False))
+    assert len(committed) == 30 * 400, f"{30 * 400 - len(committed)} events missing"
+    assert max(committed.values()) == 1, f"{sum(committed.values()) - len(committed)} duplicates"
+    assert sum(uncommitted.values()) >= sum(committed.values())
+    print(
+        f"read_committed: {sum(committed.values())} records; read_uncommitted: {sum(uncommitted.values())} "
+        "(the aborted copies of the killed pipelines' open transactions)"
+    )
+    assert proc.terminate() == 0
+
+
+def test_a_checkpoint_ahead_of_the_slot_is_not_published_twice(
+    outbox: Outbox, pipeline_process, eo, kafka_bootstrap
+):
+    """As after a kill -9 between the Kafka commit and the slot's confirmation: the slot replays source
+    transactions that a committed Kafka transaction holds already. Made here with a copy of the slot taken
+    before the events, put back in its place after they were published."""
+    outbox.conn.execute(
+        "SELECT pg_copy_logical_replication_slot(%s, %s)", (outbox.slot, outbox.slot + "_old")
+    )
+    try:
+        proc = pipeline_process(**eo)
+        proc.wait_streaming()
+        for _ in range(10):
+            outbox.commit([outbox.event(f"c-{i % 3}") for i in range(10)])
+        last = outbox.transactions[-1]
+        wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 30, "the slot confirmed the events")
+        assert proc.terminate() == 0
+        outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (outbox.slot,))
+        outbox.conn.execute(
+            "SELECT pg_copy_logical_replication_slot(%s, %s)", (outbox.slot + "_old", outbox.slot)
+        )
+        assert outbox.confirmed_lsn() < last.lsn_before, "the slot is behind the checkpoint again"
+
+        again = pipeline_process(**eo)
+        again.wait_streaming()
+        more = outbox.commit([outbox.event("c-after")])
+        wait_until(lambda: outbox.confirmed_lsn() >= more.lsn_after, 30, "the slot confirmed the new event")
+        seen = ids(read_all(kafka_bootstrap, outbox.topic("order")))
+        assert set(seen) == expected_ids(outbox) and max(seen.values()) == 1, seen.most_common(3)
+        assert again.terminate() == 0
+        assert "10 source transactions skipped" in again.log()
+    finally:
+        outbox.conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+            (outbox.slot + "_old",),
+        )
+
+
+def test_a_zombie_pipeline_is_fenced_by_its_successor_and_nothing_is_published_twice(
+    outbox: Outbox, pipeline_process, eo, kafka_bootstrap
+):
+    """The first pipeline freezes (SIGSTOP) with a Kafka transaction open and loses its slot; a second one
+    takes the slot and the transactional id. Thawed, the first may publish nothing: it is fenced, exit 1."""
+    # Its transactions stay open for a minute: it freezes holding one.
+    zombie = pipeline_process(**eo, CDC_TRANSACTION_MAX_SECONDS="60")
+    zombie.wait_streaming()
+    first = outbox.commit([outbox.event(f"z-{i % 3}") for i in range(20)])
+    wait_until(lambda: outbox.received_lsn() >= first.lsn_after, 30, "the zombie to read the events")
+    time.sleep(1)  # and to produce them, into its open Kafka transaction
+    assert not read_all(kafka_bootstrap, outbox.topic("order"), quiet=1), "nothing committed yet"
+    os.kill(zombie.pid, signal.SIGSTOP)
+    try:
+        outbox.conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s",
+            (outbox.slot,),
+        )
+        wait_until(lambda: outbox.slot_active_pid() is None, 10, "the zombie's walsender to go")
+        successor = pipeline_process(**eo)
+        successor.wait_for_log(r"exactly-once: transactional id")  # it has fenced the zombie
+        outbox.commit([outbox.event(f"z-{i % 3}") for i in range(20)])
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    assert zombie.wait(timeout=60) == 1
+    assert "fenced" in zombie.log(), zombie.tail()
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 30, "the slot confirmed the end")
+    seen = ids(read_all(kafka_bootstrap, outbox.topic("order")))
+    assert set(seen) == expected_ids(outbox) and max(seen.values()) == 1, seen.most_common(3)
+    assert successor.terminate() == 0
+
+
+def test_status_shows_the_checkpoint_beside_the_slot(outbox: Outbox, pipeline_process, eo):
+    proc = pipeline_process(**eo)
+    proc.wait_streaming()
+    txn = outbox.commit([outbox.event("s-1")])
+    wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the slot confirmed the event")
+    assert proc.terminate() == 0
+    report = json.loads(cdc({**outbox.env, **eo}, "status", "--json").stdout)
+    assert report["delivery"] == "exactly-once"
+    assert report["checkpoint_lsn"] is not None and report["checkpoint_commit_time"] is not None

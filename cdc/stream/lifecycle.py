@@ -312,6 +312,21 @@ class Lifecycle(Delivery):
             self.sink.reset()
         raise reason
 
+    def _shrink_batches_mid_transaction(self, topic: str, limit: int) -> NoReturn:
+        """A topic takes smaller batches than the producer makes: a new producer is needed, and the open
+        Kafka transaction cannot move to it. Abort it, then restart from the checkpoint."""
+        if self.ktx.open:
+            self.ktx.open = False
+            self.kafka_aborts += 1
+            try:
+                self.sink.abort_transaction(self.settings.delivery_timeout)
+            except KafkaException as exc:
+                log.debug("aborting before a new producer: %s", exc)
+        self.tracker = AckTracker(self._kafka_safe_lsn, latency=self.latency)
+        self._txn = None
+        self.sink.shrink_batches(limit)
+        raise TransactionAbortedError(f"topic {topic} takes smaller batches, so the producer was replaced")
+
     def _restart_from_checkpoint(self, exc: TransactionAbortedError, backoff: Backoff) -> None:
         self._close_source()
         delay = backoff.next_delay()

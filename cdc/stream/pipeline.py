@@ -198,6 +198,8 @@ class Pipeline(Lifecycle):
         self._ensure_topic(topic)
         limit = self.sink.record_limit(topic)
         if limit is not None and not self.sink.batches_fit(limit):
+            if self.exactly_once:
+                self._shrink_batches_mid_transaction(topic, limit)  # raises: a restart from the checkpoint
             self._wait_empty()
             self.sink.shrink_batches(limit)
         routes = self._routes

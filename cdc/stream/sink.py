@@ -61,6 +61,9 @@ FIXED_PRODUCER_CONFIG: dict[str, Any] = {
 # Below this many bytes a topic's max.message.bytes may refuse what the producer sends: its records are
 # checked before they are produced, and the producer's batches are made to fit it.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+# Exactly-once: librdkafka's transaction.timeout.ms unless kafka.transaction.timeout.ms says otherwise; the
+# broker's transaction.max.timeout.ms (15 minutes by default) must not be lower.
+TRANSACTION_TIMEOUT_MS = 300_000
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
@@ -105,6 +108,9 @@ class KafkaSink:
             from cdc.stream.transactions import transactional_id
 
             self.transactional_id = self._conf["transactional.id"] = transactional_id(settings)
+            # A transaction may hold a source transaction of a million rows, through a broker restart:
+            # librdkafka's 60 s default would abort it, and every replay of it, under load.
+            self._conf.setdefault("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
         # What one record or one batch may take on the wire; a topic that takes less gets checked records.
         self.message_max_bytes = int(self._conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
         self._producer = self._new_producer()
@@ -178,7 +184,10 @@ class KafkaSink:
         """The checkpoint topic: one partition, compacted (one record per slot is what is kept)."""
         if topic in self._known_topics:
             return
-        metadata = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        try:
+            metadata = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        except KafkaException as exc:
+            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
         if metadata is None or metadata.error is not None:
             self._create_topic(topic, partitions=1, config={"cleanup.policy": "compact"})
         self._known_topics.add(topic)
@@ -266,6 +275,8 @@ class KafkaSink:
         )
         self._conf["batch.size"] = size
         self._producer = self._new_producer()
+        if self.transactional_id is not None:
+            self.init_transactions(self._settings.startup_timeout)
 
     def _read_limit(self, topic: str) -> int | None:
         if self._limits_unreadable:

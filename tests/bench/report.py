@@ -83,6 +83,12 @@ def summary(result: dict[str, Any]) -> list[str]:
             f"{_n(cpu.get('busy_cores'), 2)} (steal {_n(cpu.get('steal_cores'), 2)}); "
             f"exit {run['stop']['exit_code']} after SIGTERM in {run['stop']['stop_seconds']} s"
         )
+    for run in tp.get("exactly_once_runs", []):
+        lines.append(
+            f"exactly-once #{run['repetition']} {run['seconds']:.2f} s -> "
+            f"{_n(run['events_per_s'])} events/s, "
+            f"{_n(run.get('cpu_us_per_event'), 1)} CPU µs/event; exit {run['stop']['exit_code']}"
+        )
     for run in tp.get("bare_runs", []):
         lines.append(
             f"bare reader #{run['repetition']} {run['seconds']:.2f} s -> {_n(run['events_per_s'])} events/s "
@@ -100,6 +106,20 @@ def summary(result: dict[str, Any]) -> list[str]:
             f"{_flag(v.get('throughput'))}; ratio >= {TARGETS['pipeline_to_bare_ratio_min']}: "
             f"{_flag(v.get('ratio'))}",
         ]
+    if tp.get("exactly_once_events_per_s"):
+        lines.append(
+            f"EXACTLY-ONCE   {_n(tp['exactly_once_events_per_s'])} events/s, "
+            f"{_n(tp['exactly_once_to_at_least_once'], 2)} of at-least-once (target >= 0.7); CPU "
+            f"{_n(tp.get('exactly_once_cpu_us_per_event'), 1)} vs "
+            f"{_n(tp.get('cpu_us_per_event'), 1)} µs/event"
+        )
+    eo_lat = result.get("latency_exactly_once", {})
+    if eo_lat:
+        c = eo_lat.get("commit_to_consume", {})
+        lines.append(
+            f"LATENCY (EO)   commit-to-consume p50 {c.get('p50_ms')} ms, p99 {c.get('p99_ms')} ms, "
+            f"max {c.get('max_ms')} ms (read_committed: a record is visible once its transaction commits)"
+        )
     if lat:
         c = lat.get("commit_to_consume", {})
         ack = lat.get("commit_to_ack", {})

@@ -82,6 +82,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="single-object",
         help="the pipeline's framing; confluent uses CDC_SCHEMA_REGISTRY_URL (default single-object)",
     )
+    p.add_argument(
+        "--exactly-once",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure delivery = exactly-once (its own slot and topic), side by side (default on)",
+    )
     p.add_argument("--database", default="cdc_bench", help="bench database, dropped and re-created")
     p.add_argument("--output", type=Path, help="JSON file (default bench-results/bench-<timestamp>.json)")
     p.add_argument(
@@ -188,6 +194,12 @@ class Bench:
         self.dlq_topic = f"bench.{self.run_id}.dlq"
         self.pipeline_slots = [f"bench_{self.run_id}_pipeline_{i}" for i in range(args.repeat)]
         self.bare_slots = [f"bench_{self.run_id}_bare_{i}" for i in range(args.repeat)]
+        # Exactly-once passes: a slot of their own per repetition (and one for the latency phase), a topic
+        # of their own, so that each topic's count is checked on its own.
+        self.eo_slots = (
+            [f"bench_{self.run_id}_eo_{i}" for i in range(args.repeat)] if args.exactly_once else []
+        )
+        self.eo_topic = f"bench.{self.run_id}.eo.order"
         self.next_row = 0  # generator index of the next row, so every event differs
         self.extra_events = 0  # warm-up and marker rows of the latency phase
         self.kafka_pid = kafka_pid()
@@ -224,6 +236,7 @@ class Bench:
             "topic": self.topic,
             "profile": a.profile,
             "value_format": a.value_format,
+            "exactly_once": a.exactly_once,
             "poll_interval_s": POLL_INTERVAL,
         }
         self.prepare()
@@ -236,15 +249,19 @@ class Bench:
         self._progress("fill", f"{fill['seconds']:.1f} s, WAL {fill['wal_bytes'] / 2**20:,.0f} MiB")
         target = fill["target_lsn"]
 
-        tp: dict[str, Any] = {"pipeline_runs": [], "bare_runs": []}
+        tp: dict[str, Any] = {"pipeline_runs": [], "bare_runs": [], "exactly_once_runs": []}
         self.result["throughput"] = tp
         for rep in range(a.repeat):
-            order = ("pipeline", "bare") if rep % 2 == 0 else ("bare", "pipeline")
+            order = (
+                ["pipeline", "exactly-once", "bare"] if rep % 2 == 0 else ["bare", "exactly-once", "pipeline"]
+            )
             for kind in order:
                 if kind == "pipeline":
                     tp["pipeline_runs"].append(self.pipeline_pass(rep, target))
-                else:
+                elif kind == "bare":
                     tp["bare_runs"].append(self.bare_pass(rep))
+                elif a.exactly_once:
+                    tp["exactly_once_runs"].append(self.pipeline_pass(rep, target, delivery="exactly-once"))
         unprofiled = [r for r in tp["pipeline_runs"] if not r.get("profiled")] or tp["pipeline_runs"]
         pipe = statistics.median(r["events_per_s"] for r in unprofiled)
         pipe_streaming = statistics.median(r["streaming_events_per_s"] for r in unprofiled)
@@ -257,6 +274,16 @@ class Bench:
             ratio_streaming=round(pipe_streaming / bare_streaming, 3),
             aggregation="median over repetitions" if a.repeat > 1 else "single repetition",
         )
+        if tp["exactly_once_runs"]:
+            eo = statistics.median(r["events_per_s"] for r in tp["exactly_once_runs"])
+            eo_cpu = statistics.median(r["cpu_us_per_event"] for r in tp["exactly_once_runs"])
+            alo_cpu = statistics.median(r["cpu_us_per_event"] for r in unprofiled)
+            tp.update(
+                exactly_once_events_per_s=round(eo),
+                exactly_once_to_at_least_once=round(eo / pipe, 3),
+                cpu_us_per_event=round(alo_cpu, 2),
+                exactly_once_cpu_us_per_event=round(eo_cpu, 2),
+            )
         if a.profile != "none":
             self.result["notes"].append(
                 "pass 0 of the pipeline ran under the profiler"
@@ -269,6 +296,8 @@ class Bench:
 
         if a.latency_seconds > 0:
             self.result["latency"] = self.latency_phase()
+            if a.exactly_once:
+                self.result["latency_exactly_once"] = self.latency_phase(delivery="exactly-once")
         self.result["kafka_check"] = self.kafka_check()
 
     def prepare(self) -> None:
@@ -285,16 +314,26 @@ class Bench:
         outcomes = cdc_setup.apply(settings)
         self.result["setup"] = dict(outcomes)
         with db.connect(self.bench_dsn) as conn:
-            for slot in self.pipeline_slots[1:] + self.bare_slots:
+            for slot in self.pipeline_slots[1:] + self.bare_slots + self.eo_slots:
                 db.create_slot(conn, slot)
         self._watch = db.SlotWatch(self.admin_dsn)
         topics = [NewTopic(self.topic, num_partitions=a.partitions, replication_factor=1)]
         topics.append(NewTopic(self.dlq_topic, num_partitions=1, replication_factor=1))
+        if a.exactly_once:
+            topics.append(NewTopic(self.eo_topic, num_partitions=a.partitions, replication_factor=1))
+            topics.append(
+                NewTopic(
+                    f"bench.{self.run_id}.checkpoints",
+                    num_partitions=1,
+                    replication_factor=1,
+                    config={"cleanup.policy": "compact"},
+                )
+            )
         for name, future in self._kafka_admin.create_topics(topics, operation_timeout=30).items():
             future.result(timeout=60)
             self._topics_created.append(name)
 
-    def pipeline_env(self, slot: str) -> dict[str, str]:
+    def pipeline_env(self, slot: str, delivery: str = "at-least-once") -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"}
         env.update(
             CDC_DATABASE_URL=self.bench_dsn,
@@ -308,14 +347,22 @@ class Bench:
             CDC_VALUE_FORMAT=self.args.value_format,
             CDC_LOG_LEVEL="INFO",  # a handful of lifecycle lines, and the commit-to-ack summary at exit
         )
+        if delivery == "exactly-once":
+            env.update(
+                CDC_DELIVERY=delivery,
+                CDC_TOPIC_TEMPLATE=f"bench.{self.run_id}.eo.{{aggregate_type}}",
+                CDC_CHECKPOINT_TOPIC=f"bench.{self.run_id}.checkpoints",
+            )
         return env
 
-    def start_pipeline(self, slot: str, name: str, profile: str = "none") -> PipelineProcess:
+    def start_pipeline(
+        self, slot: str, name: str, profile: str = "none", delivery: str = "at-least-once"
+    ) -> PipelineProcess:
         base = self.output.with_name(f"bench-{self.stamp}-{name}")
         cprofile_out = base.with_suffix(".prof") if profile == "cprofile" else None
         pyspy_out = base.with_suffix(".py-spy.txt") if profile == "py-spy" else None
         proc = PipelineProcess(
-            self.pipeline_env(slot),
+            self.pipeline_env(slot, delivery),
             base.with_suffix(".log"),
             ROOT,
             cprofile_out=cprofile_out,
@@ -329,19 +376,20 @@ class Bench:
         self._pipelines.remove(proc)
         return outcome
 
-    def pipeline_pass(self, rep: int, target: int) -> dict[str, Any]:
+    def pipeline_pass(self, rep: int, target: int, delivery: str = "at-least-once") -> dict[str, Any]:
         a = self.args
         watch = self._watch
         assert watch is not None
-        slot = self.pipeline_slots[rep]
-        profile = a.profile if rep == 0 else "none"
+        eo = delivery == "exactly-once"
+        slot = self.eo_slots[rep] if eo else self.pipeline_slots[rep]
+        profile = a.profile if rep == 0 and not eo else "none"
         self._progress(
-            "pipeline",
+            "exactly-once" if eo else "pipeline",
             f"pass {rep}: draining {a.events:,} events" + (f" under {profile}" if profile != "none" else ""),
         )
         start_lsn = watch.state(slot)[2]
         timeout = max(300.0, a.events / 1000)
-        proc = self.start_pipeline(slot, f"pipeline-{rep}", profile)
+        proc = self.start_pipeline(slot, f"{'eo' if eo else 'pipeline'}-{rep}", profile, delivery)
         sampler = Sampler(proc.pid)
         sampler.start()
         t0 = proc.started
@@ -380,6 +428,7 @@ class Bench:
         streaming = t_done - (t_active or t0)
         run = {
             "repetition": rep,
+            "delivery": delivery,
             "slot_start_lsn": start_lsn,
             "target_lsn": target,
             "events": a.events,
@@ -390,6 +439,7 @@ class Bench:
             "streaming_events_per_s": round(a.events / streaming),
             "steady_events_per_s": _steady_rate(progress, start_lsn, target, a.events),
             "cpu_cores": cpu,
+            "cpu_us_per_event": round(cpu["pipeline"] * seconds / a.events * 1e6, 2),
             "rss": summarize_rss(samples, start=(t_active or t0) - t0, end=seconds),
             "stop": stop,
             "log": str(proc.log_path),
@@ -397,7 +447,11 @@ class Bench:
             "profiled": profile != "none",
             "progress": [[t, lsn - start_lsn] for t, lsn in progress],
         }
-        self._progress("pipeline", f"pass {rep}: {seconds:.2f} s, {run['events_per_s']:,} events/s")
+        self._progress(
+            "exactly-once" if eo else "pipeline",
+            f"pass {rep}: {seconds:.2f} s, {run['events_per_s']:,} events/s, "
+            f"{run['cpu_us_per_event']} CPU µs/event",
+        )
         if profile == "cprofile" and proc.log_path.with_suffix(".prof").exists():
             self.result["profile"] = cprofile_top(proc.log_path.with_suffix(".prof"))
         elif profile == "py-spy" and proc.log_path.with_suffix(".py-spy.txt").exists():
@@ -427,13 +481,16 @@ class Bench:
         self._progress("bare", f"pass {rep}: {run['seconds']:.2f} s, {run['events_per_s']:,} events/s")
         return run
 
-    def latency_phase(self) -> dict[str, Any]:
+    def latency_phase(self, delivery: str = "at-least-once") -> dict[str, Any]:
         a = self.args
         watch = self._watch
         assert watch is not None
-        slot = self.pipeline_slots[-1]
-        self._progress("latency", f"{a.latency_rate:,.0f} events/s for {a.latency_seconds:g} s")
-        proc = self.start_pipeline(slot, "latency")
+        eo = delivery == "exactly-once"
+        # A slot that its throughput pass left caught up.
+        slot = self.eo_slots[-1] if eo else self.pipeline_slots[-1]
+        phase = "latency (exactly-once)" if eo else "latency"
+        self._progress(phase, f"{a.latency_rate:,.0f} events/s for {a.latency_seconds:g} s")
+        proc = self.start_pipeline(slot, "latency-eo" if eo else "latency", delivery=delivery)
         sampler = Sampler(proc.pid)
         sampler.start()
         deadline = time.monotonic() + 60
@@ -444,7 +501,8 @@ class Bench:
                 raise BenchError("the pipeline did not start streaming within 60 s")
             time.sleep(0.1)
         wal_pid = watch.state(slot)[1]
-        consumer = self._consumer = LatencyConsumer(self.bootstrap, self.topic, f"bench-{self.run_id}")
+        topic = self.eo_topic if eo else self.topic
+        consumer = self._consumer = LatencyConsumer(self.bootstrap, topic, f"bench-{self.run_id}-{delivery}")
         consumer.start()
         if not consumer.ready.wait(30) or consumer.errors:
             raise BenchError(f"the latency consumer did not start: {consumer.errors}")
@@ -536,9 +594,7 @@ class Bench:
             "for each of its events (an upper bound per event, without the consumer's fetch)",
         }
         c = result["commit_to_consume"]
-        self._progress(
-            "latency", f"p50 {c.get('p50_ms')} ms, p99 {c.get('p99_ms')} ms, max {c.get('max_ms')} ms"
-        )
+        self._progress(phase, f"p50 {c.get('p50_ms')} ms, p99 {c.get('p99_ms')} ms, max {c.get('max_ms')} ms")
         return result
 
     def kafka_check(self) -> dict[str, Any]:
@@ -561,7 +617,26 @@ class Bench:
             + self.extra_events
             + lat.get("offered", {}).get("events", 0)
         )
-        return {"records": counts[self.topic], "expected": expected, "dlq_records": counts[self.dlq_topic]}
+        check = {"records": counts[self.topic], "expected": expected, "dlq_records": counts[self.dlq_topic]}
+        if self.args.exactly_once:
+            with_markers = Consumer(
+                {"bootstrap.servers": self.bootstrap, "group.id": f"bench-{self.run_id}-eo"}
+            )
+            try:
+                meta = with_markers.list_topics(self.eo_topic, timeout=10).topics[self.eo_topic]
+                check["exactly_once_offsets"] = sum(
+                    high - low
+                    for low, high in (
+                        with_markers.get_watermark_offsets(TopicPartition(self.eo_topic, p), timeout=10)
+                        for p in meta.partitions
+                    )
+                )
+            finally:
+                with_markers.close()
+            check["exactly_once_note"] = (
+                "offsets, not records: each committed transaction adds a commit marker"
+            )
+        return check
 
     # -- clean-up --------------------------------------------------------------------------------------
 

@@ -1,0 +1,61 @@
+"""Exactly-once bookkeeping: the checkpoint record, when a Kafka transaction is due, and which failures
+fence the pipeline."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+
+from cdc.config import load_settings
+from cdc.errors import ProducerFencedError, TransactionAbortedError
+from cdc.stream.transactions import (
+    Checkpoint,
+    KafkaTransaction,
+    checkpoint_key,
+    classify,
+    database_of,
+    transactional_id,
+)
+
+
+def settings(**overrides):
+    return load_settings(
+        config_file=None,
+        environ={"CDC_DATABASE_URL": "postgresql://u@h/shop"},
+        overrides={"delivery": "exactly-once", **overrides},
+    )
+
+
+def test_the_checkpoint_round_trips_and_names_slot_and_database():
+    cp = Checkpoint(end_lsn=0x1_0000_00A0, commit_time_us=1_796_000_000_123_456)
+    value = cp.encode(slot="cdc_outbox", database="shop")
+    assert b'"end_lsn":"1/A0"' in value and b'"slot":"cdc_outbox"' in value
+    assert Checkpoint.decode(value) == cp
+
+
+def test_ids_and_keys_come_from_the_database_and_the_slot():
+    s = settings()
+    assert database_of(s) == "shop"
+    assert transactional_id(s) == "outbox-cdc.shop.cdc_outbox"
+    assert checkpoint_key(s) == b"shop/cdc_outbox"
+    assert transactional_id(settings(transactional_id="billing-relay")) == "billing-relay"
+
+
+def test_a_transaction_is_due_by_events_or_by_age():
+    ktx = KafkaTransaction(settings(transaction_max_events=100, transaction_max_seconds=0.5))
+    assert not ktx.due(10.0)
+    ktx.begun(10.0)
+    ktx.events = 99
+    assert not ktx.due(10.4)
+    assert ktx.due(10.5)
+    ktx.events = 100
+    assert ktx.due(10.0)
+
+
+def test_fencing_ends_the_run_and_other_failures_abort_and_restart():
+    fenced = classify(KafkaException(KafkaError(KafkaError.PRODUCER_FENCED)), "commit", "outbox-cdc.x.y")
+    assert isinstance(fenced, ProducerFencedError) and "outbox-cdc.x.y" in str(fenced)
+    assert isinstance(
+        classify(KafkaException(KafkaError(KafkaError._FENCED)), "commit", "t"), ProducerFencedError
+    )
+    timed_out = classify(KafkaException(KafkaError(KafkaError._TIMED_OUT)), "commit", "t")
+    assert isinstance(timed_out, TransactionAbortedError) and not isinstance(timed_out, ProducerFencedError)

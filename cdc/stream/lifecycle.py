@@ -261,6 +261,8 @@ class Lifecycle(Delivery):
         if self._skipping:
             self.skipped_transactions += 1
         elif not self.ktx.open:
+            # Nothing is in the new transaction yet: all that is confirmable now stays so.
+            self._kafka_safe_lsn = max(self._kafka_safe_lsn, self.tracker.confirmed_lsn)
             self.sink.begin_transaction()
             self.ktx.begun(time.monotonic())
 

@@ -263,7 +263,10 @@ class Lifecycle(Delivery):
         elif not self.ktx.open:
             # Nothing is in the new transaction yet: all that is confirmable now stays so.
             self._kafka_safe_lsn = max(self._kafka_safe_lsn, self.tracker.confirmed_lsn)
-            self.sink.begin_transaction()
+            try:
+                self.sink.begin_transaction()
+            except KafkaException as exc:
+                self._abort_kafka(classify(exc, "begin", self.sink.transactional_id or ""))
             self.ktx.begun(time.monotonic())
 
     def _commit_kafka(self) -> None:

@@ -51,6 +51,19 @@ class PipelineCollector(Collector):
         yield dead
         yield CounterMetricFamily("cdc_delivery_errors", "Deliveries Kafka refused", value=p.delivery_errors)
         yield CounterMetricFamily("cdc_reconnects", "Reconnections to PostgreSQL", value=p.reconnects)
+        kafka_txns = CounterMetricFamily(
+            "cdc_kafka_transactions",
+            "Kafka transactions of delivery = exactly-once, by outcome",
+            labels=["outcome"],
+        )
+        kafka_txns.add_metric(["committed"], p.kafka_commits)
+        kafka_txns.add_metric(["aborted"], p.kafka_aborts)
+        yield kafka_txns
+        yield CounterMetricFamily(
+            "cdc_skipped_source_transactions",
+            "Source transactions skipped because a committed checkpoint covers them (exactly-once)",
+            value=p.skipped_transactions,
+        )
         yield CounterMetricFamily(
             "cdc_refusal_replays",
             "Times Kafka refused records and the stream was replayed to dead-letter the culprit",

@@ -184,7 +184,7 @@ class Settings:
     transactional_id: str | None = None  # None: derived from the database and the slot
     checkpoint_topic: str = "outbox.cdc.checkpoints"
     transaction_max_events: int = 20_000
-    transaction_max_seconds: float = 0.1
+    transaction_max_seconds: float = 0.25
     log_level: str = "INFO"
     log_format: str = "text"
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)

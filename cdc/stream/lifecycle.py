@@ -184,8 +184,8 @@ class Lifecycle(Delivery):
         if self.ktx.open:
             try:
                 self._end_kafka_transaction()
-            except TransactionAbortedError:
-                pass  # the next session starts from the checkpoint anyway
+            except (TransactionAbortedError, StopRequested):
+                pass  # the next session starts from the checkpoint anyway; a stop is seen by run()
         self._drain_after_loss()
         delay = backoff.next_delay()
         log.warning("PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, backoff.attempt)

@@ -53,9 +53,8 @@ class SlotInfo:
     restart_lsn: int
     wal_status: str | None
     server_version: int
-    failover: bool = (
-        False  # a failover slot (PostgreSQL 17+), synchronized to standbys that are set up for it
-    )
+    # A failover slot (PostgreSQL 17+), synchronized to the standbys that are set up for it.
+    failover: bool = False
 
 
 def quote_ident(name: str) -> str:
@@ -112,11 +111,16 @@ def preflight(
                 f"{quote_ident(user)} REPLICATION; or connect as the role that `cdc setup --role` creates"
             )
         dbname = conn.info.dbname
-        # PostgreSQL 17 names why a slot was invalidated, and marks failover slots.
-        extra = ", invalidation_reason, failover" if server_version >= 170000 else ", NULL, false"
+        # PostgreSQL 17 names why a slot was invalidated, marks failover slots, and the copies of them that a
+        # standby keeps in sync (which cannot be streamed from before a promotion).
+        extra = (
+            ", invalidation_reason, failover, synced AND pg_is_in_recovery()"
+            if server_version >= 170000
+            else ", NULL, false, false"
+        )
         row = conn.execute(
             "SELECT plugin, slot_type, database, active, active_pid, wal_status,"
-            f" confirmed_flush_lsn::text, restart_lsn::text{extra}, pg_is_in_recovery()"
+            f" confirmed_flush_lsn::text, restart_lsn::text{extra}"
             " FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()
@@ -137,7 +141,7 @@ def preflight(
             restart,
             reason,
             failover,
-            standby,
+            synced_copy,
         ) = row
         if slot_type != "logical" or plugin != "pgoutput":
             raise StartupRefusal(
@@ -157,11 +161,10 @@ def preflight(
                 "(`cdc setup`) and reconcile the outbox rows written since the last confirmed LSN "
                 f"{confirmed or 'unknown'} by hand"
             )
-        if standby:
-            # A slot synchronized from the primary (PostgreSQL 17) exists here but cannot be streamed from
-            # until this server is promoted.
+        if synced_copy:
             raise SourceConnectionError(
-                f"the server is a standby (in recovery): slot '{slot}' cannot be streamed from here. "
+                f"the server is a standby and slot '{slot}' is its synchronized copy of the primary's, "
+                "which cannot be streamed from before a promotion. "
                 "Connect to the primary (a multi-host database_url with target_session_attrs=read-write "
                 "follows a promotion)"
             )

@@ -203,3 +203,26 @@ def test_status_shows_the_checkpoint_beside_the_slot(outbox: Outbox, pipeline_pr
     report = json.loads(cdc({**outbox.env, **eo}, "status", "--json").stdout)
     assert report["delivery"] == "exactly-once"
     assert report["checkpoint_lsn"] is not None and report["checkpoint_commit_time"] is not None
+
+
+def test_dead_letters_commit_with_their_events_and_a_kill_publishes_neither_twice(
+    outbox: Outbox, pipeline_process, eo, kafka_bootstrap
+):
+    """A dead letter is in the same Kafka transaction as the events around it: read_committed sees it once,
+    across a kill -9 that replays its source transaction."""
+    eo = {**eo, "CDC_TRANSACTION_MAX_SECONDS": "2"}
+    proc = pipeline_process(**eo)
+    proc.wait_for_log(r"exactly-once: transactional id")
+    bad = outbox.event("d-1", {"order_id": "o-bad", "amount_cents": "lots"})
+    outbox.commit([outbox.event("d-1"), bad, outbox.event("d-1")])
+    time.sleep(1)  # produced into the open Kafka transaction, not committed
+    proc.kill()
+    proc = pipeline_process(**eo)
+    proc.wait_for_log(r"exactly-once: transactional id")
+    last = outbox.commit([outbox.event("d-2")])
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 30, "the slot confirmed the end")
+    dead = ids(read_all(kafka_bootstrap, outbox.dlq_topic))
+    assert dead == Counter({bad.id: 1})
+    seen = ids(read_all(kafka_bootstrap, outbox.topic("order")))
+    assert set(seen) == expected_ids(outbox) - {bad.id} and max(seen.values()) == 1
+    assert proc.terminate() == 0

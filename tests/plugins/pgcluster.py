@@ -119,6 +119,20 @@ class _Cluster:
             [pg_ctl, "-D", str(self.data), "-l", str(self.log), "-o", f"-p {port}", "-w", "-t", "30", "start"]
         )
 
+    def start_on_a_free_port(self) -> None:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            started = self.start(free_port())
+            if started.returncode == 0:
+                return
+            log = _tail(self.log)
+            self.stop()
+            # Another process may have taken the free port between the probe and the bind: try another one.
+            if attempt == START_ATTEMPTS or "already in use" not in log:
+                pytest.fail(
+                    f"a test cluster ({self.settings}) did not start (pg_ctl exit {started.returncode}):\n"
+                    f"{started.stderr}\n{log}"
+                )
+
     def stop(self) -> None:
         if not (self.data / "postmaster.pid").exists():
             return
@@ -154,18 +168,7 @@ def extra_cluster(**settings: str) -> Iterator[str]:
     cluster = _Cluster(bindir, base, settings)
     try:
         cluster.initdb()
-        for attempt in range(1, START_ATTEMPTS + 1):
-            started = cluster.start(free_port())
-            if started.returncode == 0:
-                break
-            log = _tail(cluster.log)
-            cluster.stop()
-            # Another process may have taken the free port between the probe and the bind: try another one.
-            if attempt == START_ATTEMPTS or "already in use" not in log:
-                pytest.fail(
-                    f"a test cluster ({settings}) did not start (pg_ctl exit {started.returncode}):\n"
-                    f"{started.stderr}\n{log}"
-                )
+        cluster.start_on_a_free_port()
         yield f"postgresql://{PG_SUPERUSER}@127.0.0.1:{cluster.port}/postgres"
     finally:
         cluster.stop()
@@ -232,18 +235,6 @@ def _write_as_pg(path: Path, text: str, *, append: bool = False) -> None:
         shutil.chown(path, user=PG_SUPERUSER, group=PG_SUPERUSER)
 
 
-def _started(cluster: _Cluster) -> None:
-    for attempt in range(1, START_ATTEMPTS + 1):
-        started = cluster.start(free_port())
-        if started.returncode == 0:
-            return
-        log = _tail(cluster.log)
-        if attempt == START_ATTEMPTS or "already in use" not in log:
-            pytest.fail(
-                f"a test cluster did not start (pg_ctl exit {started.returncode}):\n{started.stderr}\n{log}"
-            )
-
-
 @pytest.fixture
 def failover_pair() -> Iterator[FailoverPair]:
     bindir = pg_bindir()
@@ -278,7 +269,7 @@ def failover_pair() -> Iterator[FailoverPair]:
             "host    all           all   127.0.0.1/32   trust\n"
             "host    replication   all   127.0.0.1/32   trust\n"
         )
-        _started(primary)
+        primary.start_on_a_free_port()
         with psycopg.connect(pair.dsn(primary), autocommit=True) as conn:
             conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (STANDBY_SLOT,))
         primary.stop()  # immediate: the copy below replays from the last checkpoint, as a crash would
@@ -287,7 +278,7 @@ def failover_pair() -> Iterator[FailoverPair]:
         for name in ("postmaster.pid", "postmaster.opts"):
             (standby.data / name).unlink(missing_ok=True)
         shutil.rmtree(standby.data / "pg_replslot" / STANDBY_SLOT, ignore_errors=True)
-        _started(primary)
+        primary.start_on_a_free_port()
         _write_as_pg(standby.data / "standby.signal", "")
         # Set after the copy's own postgresql.conf lines, so these win. The promoted standby must not wait
         # for a standby of its own.
@@ -301,7 +292,7 @@ def failover_pair() -> Iterator[FailoverPair]:
             f"unix_socket_directories = '{standby.base}'\n",
             append=True,
         )
-        _started(standby)
+        standby.start_on_a_free_port()
         with psycopg.connect(pair.dsn(primary), autocommit=True) as conn:
             wait_until(
                 lambda: (

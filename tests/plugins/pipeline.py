@@ -387,6 +387,24 @@ def _env_for(overrides: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def own_cluster_env(
+    dsn: str, kafka_bootstrap: str, unique_name: Callable[[str], str], **extra: str
+) -> dict[str, str]:
+    """The environment of a `cdc` subprocess against a cluster of the test's own (not the stack's): unique
+    slot, publication and table, plus ``extra`` CDC_* variables."""
+    return _env_for(
+        {
+            "CDC_DATABASE_URL": dsn,
+            "CDC_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "CDC_SLOT": unique_name("slot")[:63],
+            "CDC_PUBLICATION": unique_name("pub")[:63],
+            "CDC_TABLE": "public." + unique_name("outbox")[:50],
+            "CDC_SCHEMAS_DIR": str(SCHEMAS_DIR),
+            **extra,
+        }
+    )
+
+
 @pytest.fixture
 def outbox(
     pg_database: str,

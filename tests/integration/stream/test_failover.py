@@ -19,7 +19,14 @@ from cdc.avro.store import SchemaStore
 from tests.integration.stream.test_pipeline import decode_value
 from tests.plugins.kafka import delete_topics
 from tests.plugins.pgcluster import FailoverPair
-from tests.plugins.pipeline import SCHEMAS_DIR, PipelineProcess, _env_for, cdc, order_placed, wait_until
+from tests.plugins.pipeline import (
+    SCHEMAS_DIR,
+    PipelineProcess,
+    cdc,
+    order_placed,
+    own_cluster_env,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.core, pytest.mark.pg(min=17)]
 
@@ -95,30 +102,24 @@ def test_the_pipeline_follows_a_promotion_on_its_synchronized_slot_and_nothing_i
 ):
     pair = failover_pair
     prefix = unique_name("cdc")
-    table = unique_name("outbox")[:63]
     topic = f"{prefix}.order"
     dlq = unique_name("dlq")
-    env = _env_for(
-        {
-            "CDC_DATABASE_URL": pair.dsn(pair.primary),
-            "CDC_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "CDC_SLOT": unique_name("slot")[:63],
-            "CDC_PUBLICATION": unique_name("pub")[:63],
-            "CDC_TABLE": f"public.{table}",
-            "CDC_TOPIC_TEMPLATE": prefix + ".{aggregate_type}",
-            "CDC_DLQ_TOPIC": dlq,
-            "CDC_SCHEMAS_DIR": str(SCHEMAS_DIR),
-            "CDC_TOPIC_PARTITIONS": "3",
-            "CDC_STATUS_INTERVAL": "1",
-            "CDC_BACKOFF_MAX": "1",
-            "CDC_LOG_LEVEL": "INFO",
-        }
+    env = own_cluster_env(
+        pair.dsn(pair.primary),
+        kafka_bootstrap,
+        unique_name,
+        CDC_TOPIC_TEMPLATE=prefix + ".{aggregate_type}",
+        CDC_DLQ_TOPIC=dlq,
+        CDC_TOPIC_PARTITIONS="3",
+        CDC_STATUS_INTERVAL="1",
+        CDC_BACKOFF_MAX="1",
+        CDC_LOG_LEVEL="INFO",
     )
     done = cdc(env, "setup", "--failover")
     assert done.returncode == 0, done.stderr
     env["CDC_DATABASE_URL"] = pair.multi_host_dsn
     proc = PipelineProcess(env, tmp_path / "pipeline.log")
-    writer = Writer(pair.multi_host_dsn, table)
+    writer = Writer(pair.multi_host_dsn, env["CDC_TABLE"].removeprefix("public."))
     try:
         proc.wait_streaming()
         assert "failover:" not in proc.log(), proc.tail()  # set up as it should be: no warning
@@ -176,16 +177,7 @@ def test_the_pipeline_follows_a_promotion_on_its_synchronized_slot_and_nothing_i
 def test_run_warns_when_a_failover_slot_has_no_standby_to_sync_it(
     tight_cluster, kafka_bootstrap, unique_name, tmp_path: Path
 ):
-    env = _env_for(
-        {
-            "CDC_DATABASE_URL": tight_cluster,
-            "CDC_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "CDC_SLOT": unique_name("slot")[:63],
-            "CDC_PUBLICATION": unique_name("pub")[:63],
-            "CDC_TABLE": "public." + unique_name("outbox")[:50],
-            "CDC_SCHEMAS_DIR": str(SCHEMAS_DIR),
-        }
-    )
+    env = own_cluster_env(tight_cluster, kafka_bootstrap, unique_name)
     done = cdc(env, "setup", "--failover")
     assert done.returncode == 0, done.stderr
     try:

@@ -12,7 +12,7 @@ from psycopg import sql
 
 from tests.integration.stream.test_pipeline import error_line, run_refused
 from tests.plugins.pgcluster import extra_cluster
-from tests.plugins.pipeline import SCHEMAS_DIR, _env_for, cdc, wait_until
+from tests.plugins.pipeline import cdc, own_cluster_env, wait_until
 
 pytestmark = pytest.mark.core
 
@@ -94,16 +94,7 @@ def test_a_slot_invalidated_for_idleness_is_refused_with_its_reason(unique_name,
     """PostgreSQL 18's idle_replication_slot_timeout invalidates a slot that nothing streamed from: a new
     invalidation_reason (idle_timeout), with wal_status = lost and the restart_lsn kept."""
     with extra_cluster(wal_level="logical", idle_replication_slot_timeout="1s") as dsn:
-        env = _env_for(
-            {
-                "CDC_DATABASE_URL": dsn,
-                "CDC_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-                "CDC_SLOT": unique_name("slot")[:63],
-                "CDC_PUBLICATION": unique_name("pub")[:63],
-                "CDC_TABLE": "public." + unique_name("outbox")[:50],
-                "CDC_SCHEMAS_DIR": str(SCHEMAS_DIR),
-            }
-        )
+        env = own_cluster_env(dsn, kafka_bootstrap, unique_name)
         assert cdc(env, "setup").returncode == 0
         with psycopg.connect(dsn, autocommit=True) as conn:
 

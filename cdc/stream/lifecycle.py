@@ -298,13 +298,20 @@ class Lifecycle(Delivery):
             self.checkpoint = checkpoint
         self._kafka_safe_lsn = max(self._kafka_safe_lsn, ktx.last_end_lsn)
 
-    def _abort_kafka(self, reason: DeliveryError) -> NoReturn:
-        """Abort the open Kafka transaction: its records are acknowledged but will never be read
-        (read_committed), so the watermark goes back to what committed transactions cover."""
-        self.kafka_aborts += 1
-        self.ktx.open = False
-        self.tracker = AckTracker(self._kafka_safe_lsn, latency=self.latency)
+    def _drop_kafka_transaction(self) -> None:
+        """Forget the open Kafka transaction (aborted, or lost with its producer): its records are
+        acknowledged but will never be read (read_committed), so the watermark goes back to what may be
+        confirmed, what committed transactions cover."""
+        confirmable = self._confirmable()
+        if self.ktx.open:
+            self.ktx.open = False
+            self.kafka_aborts += 1
+        self.tracker = AckTracker(confirmable, latency=self.latency)
         self._txn = None
+
+    def _abort_kafka(self, reason: DeliveryError) -> NoReturn:
+        """Abort the open Kafka transaction, then raise ``reason``."""
+        self._drop_kafka_transaction()
         if isinstance(reason, ProducerFencedError):
             raise reason
         try:
@@ -321,14 +328,11 @@ class Lifecycle(Delivery):
         """A topic takes smaller batches than the producer makes: a new producer is needed, and the open
         Kafka transaction cannot move to it. Abort it, then restart from the checkpoint."""
         if self.ktx.open:
-            self.ktx.open = False
-            self.kafka_aborts += 1
             try:
                 self.sink.abort_transaction(self.settings.delivery_timeout)
             except KafkaException as exc:
                 log.debug("aborting before a new producer: %s", exc)
-        self.tracker = AckTracker(self._kafka_safe_lsn, latency=self.latency)
-        self._txn = None
+        self._drop_kafka_transaction()
         self.sink.shrink_batches(limit)
         raise TransactionAbortedError(f"topic {topic} takes smaller batches, so the producer was replaced")
 
@@ -364,11 +368,8 @@ class Lifecycle(Delivery):
         )
         self._alone = None
         self._close_source()
-        if self.ktx.open:  # exactly-once: its records are refused or behind a refusal
-            self.ktx.open = False
-            self.kafka_aborts += 1
+        self._drop_kafka_transaction()  # exactly-once: its records are refused or behind a refusal
         self.sink.reset()
-        self.tracker = AckTracker(self._confirmable_after_reset(), latency=self.latency)
         self._routes.clear()  # topic limits are read again
         self.refusal_replays += 1
         log.warning(
@@ -376,12 +377,6 @@ class Lifecycle(Delivery):
             exc,
             self.refusal_replays,
         )
-
-    def _confirmable_after_reset(self) -> int:
-        """The watermark a new producer starts from: with exactly-once, only committed transactions count."""
-        if self.exactly_once:
-            return min(self.tracker.confirmed_lsn, self._kafka_safe_lsn)
-        return self.tracker.confirmed_lsn
 
     def _drain_after_loss(self) -> None:
         """After losing the source: let Kafka finish what it has, so the restarted stream's replays come

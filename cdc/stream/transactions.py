@@ -41,6 +41,7 @@ from cdc.errors import (
     format_lsn,
     parse_lsn,
 )
+from cdc.stream.sink import admin_config
 
 log = logging.getLogger("cdc.transactions")
 
@@ -90,17 +91,16 @@ def checkpoint_key(settings: Settings) -> bytes:
 def read_checkpoint(settings: Settings, timeout: float) -> Checkpoint | None:
     """The latest committed checkpoint of this slot, or None when there is none (or no topic yet)."""
     key = checkpoint_key(settings)
-    conf: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka.bootstrap_servers,
-        "group.id": f"outbox-cdc-checkpoint-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": True,
-        "logger": log,
-    }
-    for name, value in settings.kafka.extra.items():
-        if name.startswith(("security.", "sasl.", "ssl.", "client.", "socket.")):
-            conf[name] = value
+    conf: dict[str, Any] = admin_config(settings)  # the connection and security settings
+    conf.update(
+        {
+            "group.id": f"outbox-cdc-checkpoint-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "logger": log,
+        }
+    )
     consumer = Consumer(conf)
     found: Checkpoint | None = None
     try:

@@ -149,6 +149,11 @@ class KafkaSink:
             log.debug("purging the stopped producer: %s", exc)
         self.fatal_error = None
         self._limits.clear()
+        self._replace_producer()
+
+    def _replace_producer(self) -> None:
+        """A new producer with the current configuration; a transactional one registers its id at once
+        (the process owns the slot by then)."""
         self._producer = self._new_producer()
         if self.transactional_id is not None:
             self.init_transactions(self._settings.startup_timeout)
@@ -184,10 +189,7 @@ class KafkaSink:
         """The checkpoint topic: one partition, compacted (one record per slot is what is kept)."""
         if topic in self._known_topics:
             return
-        try:
-            metadata = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-        except KafkaException as exc:
-            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
+        metadata = self._metadata(topic)
         if metadata is None or metadata.error is not None:
             self._create_topic(topic, partitions=1, config={"cleanup.policy": "compact"})
         self._known_topics.add(topic)
@@ -234,11 +236,7 @@ class KafkaSink:
         it is absent and creating topics is switched off."""
         if topic in self._known_topics:
             return
-        try:
-            metadata = self._admin.list_topics(topic=topic, timeout=10)
-        except KafkaException as exc:
-            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
-        found = metadata.topics.get(topic)
+        found = self._metadata(topic)
         if found is not None and found.error is None:
             risk = replication_risk(topic, found)
             if risk is not None:
@@ -252,6 +250,13 @@ class KafkaSink:
             )
         self._create_topic(topic)
         self._known_topics.add(topic)
+
+    def _metadata(self, topic: str) -> Any:
+        """The topic's metadata, or None when Kafka does not know it."""
+        try:
+            return self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        except KafkaException as exc:
+            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
 
     def record_limit(self, topic: str) -> int | None:
         """The most bytes a record for ``topic`` may take, when the topic's ``max.message.bytes`` is below
@@ -274,9 +279,7 @@ class KafkaSink:
             limit,
         )
         self._conf["batch.size"] = size
-        self._producer = self._new_producer()
-        if self.transactional_id is not None:
-            self.init_transactions(self._settings.startup_timeout)
+        self._replace_producer()
 
     def _read_limit(self, topic: str) -> int | None:
         if self._limits_unreadable:

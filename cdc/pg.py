@@ -20,6 +20,22 @@ DELETE_LOCKED = (
 )
 
 
+def connect_bounded(dsn: str, *, statement_ms: int, lock_ms: int) -> psycopg.Connection[Any]:
+    """:func:`connect`, with every statement and lock wait bounded: for the pipeline's side writes (the
+    heartbeat, the saved position), which run on the stream's only thread. A lock held on their table, or
+    a server that hangs, must cost a warning, not the stream."""
+    conn = connect(dsn)
+    try:
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
+            (f"{statement_ms}ms", f"{lock_ms}ms"),
+        )
+    except psycopg.Error:
+        conn.close()
+        raise
+    return conn
+
+
 def connect(dsn: str) -> psycopg.Connection[Any]:
     """An ordinary autocommit connection, its failure a SourceConnectionError."""
     try:

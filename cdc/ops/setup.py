@@ -20,6 +20,7 @@ from cdc.config import Settings
 from cdc.errors import CdcError, ConfigError, StartupRefusal
 from cdc.pg import connect
 from cdc.stream.heartbeat import HEARTBEAT_TABLE, heartbeat_table
+from cdc.stream.progress import CHECKPOINT_TABLE, checkpoint_table, read_position
 from cdc.stream.source import check_wal_level
 
 log = logging.getLogger("cdc.setup")
@@ -28,7 +29,7 @@ SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "slot_setup"
 _WHEN = re.compile(r"--\s*when:(\w+)\s*$")
 _MARKER = re.compile(r"\{\{(\w+)\}\}")
 # Roles are named like the other settings' identifiers (cdc.config): ASCII, no `$` (the role goes inside the
-# `$$`-quoted DO body of 06_role.sql), no quote or space, and short enough not to be truncated by PostgreSQL.
+# `$$`-quoted DO body of 07_role.sql), no quote or space, and short enough not to be truncated by PostgreSQL.
 _ROLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -104,6 +105,7 @@ def render(
         "slot_literal": _literal(settings.slot),
         "schema": _ident(schema),
         "heartbeat_table": heartbeat_table(settings),
+        "checkpoint_table": checkpoint_table(settings),
         "failover_arguments": ", false, false, true" if failover else "",
         "index_created_at": _ident(f"{name}_created_at_idx"),
         "function_emit": _ident(schema, f"{name}_emit"),
@@ -176,6 +178,7 @@ def apply(
                 f"failover slots need PostgreSQL 17 or later; this server is {major}. Leave out --failover, "
                 "or upgrade"
             )
+        _refuse_a_lost_slot(conn, settings)
         for step in steps:
             before = _objects(conn, settings, role)
             try:
@@ -190,6 +193,24 @@ def apply(
     return outcomes
 
 
+def _refuse_a_lost_slot(conn: psycopg.Connection[Any], settings: Settings) -> None:
+    """A missing slot that `cdc run` saved a position for was lost, not never made: a new one at the current
+    position would skip what it had not delivered. That is `cdc recover`'s job, not setup's."""
+    slot = conn.execute(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (settings.slot,)
+    ).fetchone()
+    if slot is not None:
+        return
+    saved = read_position(conn, settings)
+    if saved is not None:
+        raise StartupRefusal(
+            f"replication slot '{settings.slot}' is missing, but `cdc run` streamed from it (position saved "
+            f"{saved.updated_at.isoformat(timespec='seconds')}): it was lost, and a new slot made here would "
+            "skip what it had not delivered. Run `cdc recover`; or, to start afresh without republishing, "
+            "`cdc teardown` first"
+        )
+
+
 def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None) -> dict[str, bool]:
     schema, name = settings.table.schema, settings.table.name
     functions = "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s"
@@ -198,7 +219,7 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None
         " EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s),"
         " EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s),"
         f" EXISTS ({functions} AND p.proname = %s), EXISTS ({functions} AND p.proname = %s),"
-        " to_regclass(%s) IS NOT NULL",
+        " to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
         (
             _ident(schema, name),
             settings.publication,
@@ -208,6 +229,7 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None
             schema,
             f"{name}_emit_message",
             heartbeat_table(settings),
+            checkpoint_table(settings),
         ),
     ).fetchone()
     assert row is not None
@@ -223,4 +245,5 @@ def _objects(conn: psycopg.Connection[Any], settings: Settings, role: str | None
         f"function {schema}.{name}_emit": bool(row[3]),
         f"function {schema}.{name}_emit_message": bool(row[4]),
         f"table {schema}.{HEARTBEAT_TABLE}": bool(row[5]),
+        f"table {schema}.{CHECKPOINT_TABLE}": bool(row[6]),
     }

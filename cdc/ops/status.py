@@ -16,6 +16,7 @@ from confluent_kafka import KafkaException
 from cdc.config import Settings
 from cdc.errors import (
     CdcError,
+    RecoveryUnfinishedError,
     SinkError,
     SlotActiveError,
     SlotInvalidatedError,
@@ -26,6 +27,7 @@ from cdc.errors import (
 from cdc.pg import connect
 from cdc.stream import failover
 from cdc.stream.heartbeat import heartbeat_table
+from cdc.stream.progress import checkpoint_table, read_position
 from cdc.stream.source import quote_ident
 from cdc.stream.transactions import read_checkpoint
 
@@ -60,6 +62,10 @@ class SlotStatus:
     checkpoint_lsn: str | None = None
     checkpoint_commit_time: str | None = None
     checkpoint_problem: str | None = None
+    # What `cdc run` saved for `cdc recover` (cdc.stream.progress): the commit time of the last outbox
+    # transaction Kafka acknowledged, and whether a recover of the slot is under way (or died).
+    saved_commit_time: str | None = None
+    recovering_since: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,14 +73,17 @@ class SlotStatus:
     def problem(self) -> CdcError | None:
         """What makes this status an alert: a slot that is missing or lost."""
         if not self.present:
-            return SlotMissingError(
-                f"replication slot '{self.slot}' does not exist; create it with `cdc setup`"
-            )
+            fix = "run `cdc recover`" if self.saved_commit_time else "create it with `cdc setup`"
+            return SlotMissingError(f"replication slot '{self.slot}' does not exist; {fix}")
         if self.wal_status == "lost" or self.invalidation_reason is not None:
             why = f"invalidation_reason = {self.invalidation_reason}" if self.invalidation_reason else ""
             return SlotInvalidatedError(
                 f"replication slot '{self.slot}' was invalidated ({why or 'wal_status = lost'}): "
-                "events may be missing"
+                "events may be missing; run `cdc recover`"
+            )
+        if self.recovering_since is not None:
+            return RecoveryUnfinishedError(
+                f"a `cdc recover` of slot '{self.slot}' started {self.recovering_since} and has not finished"
             )
         return None
 
@@ -111,11 +120,18 @@ def _slot_status(settings: Settings) -> SlotStatus:
         ).fetchone()
         rows, age = _outbox_rows(conn, settings)
         heartbeat = _last_heartbeat(conn, settings)
+        saved = read_position(conn, settings)
         readiness = failover.check(conn, settings.database_url, settings.slot)
     current_lsn = current[0] if current else None
     server = current[1] if current else None
+    recovery: dict[str, Any] = {}
+    if saved is not None:
+        recovery["saved_commit_time"] = saved.commit_time.astimezone(UTC).isoformat()
+        if saved.recovering_since is not None:
+            recovery["recovering_since"] = saved.recovering_since.astimezone(UTC).isoformat()
     if row is None:
         return SlotStatus(
+            **recovery,
             slot=settings.slot,
             present=False,
             current_wal_lsn=current_lsn,
@@ -147,6 +163,7 @@ def _slot_status(settings: Settings) -> SlotStatus:
         failover=None if readiness is None else readiness.failover,
         synced_on_standby=None if readiness is None else readiness.synced_on_standby,
         failover_problems=None if readiness is None else readiness.problems,
+        **recovery,
     )
 
 
@@ -209,6 +226,9 @@ def teardown(settings: Settings) -> list[str]:
             done.append(f"dropped slot {settings.slot}")
         else:
             done.append(f"slot {settings.slot} was not there")
+        if read_position(conn, settings) is not None:
+            conn.execute(f"DELETE FROM {checkpoint_table(settings)} WHERE slot = %s", (settings.slot,))
+            done.append(f"forgot the saved position of slot {settings.slot}")
         exists = conn.execute(
             "SELECT 1 FROM pg_publication WHERE pubname = %s", (settings.publication,)
         ).fetchone()

@@ -149,6 +149,9 @@ class AckTracker:
         self.latency = latency if latency is not None else AckLatency()
         self._pending: deque[Transaction] = deque()
         self._open: Transaction | None = None
+        # (end LSN, commit time in µs) of the last acknowledged transaction that held events: what
+        # cdc.stream.progress saves for `cdc recover`.
+        self.last_outbox: tuple[int, int] = (0, 0)
 
     def begin(self, xid: int, commit_lsn: int, commit_time_us: int) -> Transaction:
         """A Begin message: the transaction whose events follow. Transactions arrive in commit order."""
@@ -195,4 +198,6 @@ class AckTracker:
             pending.popleft()
             if head.end_lsn > confirmed:
                 confirmed = head.end_lsn
+            if head.events:
+                self.last_outbox = (head.end_lsn, head.commit_time_us)
         self.confirmed_lsn = confirmed

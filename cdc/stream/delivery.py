@@ -122,6 +122,7 @@ class Delivery(Waits):
             ("commit_lsn", self._txn_lsn),
             ("xid", self._txn_xid),
             ("id", event_id.encode()),
+            *self._extra_headers,
         ]
 
     def _send_dead_letter(

@@ -22,7 +22,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import SourceConnectionError, first_line, parse_lsn
-from cdc.pg import connect
+from cdc.pg import connect_bounded
 
 log = logging.getLogger("cdc.heartbeat")
 
@@ -60,13 +60,8 @@ class Heartbeat:
         self._last_emitted = now
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = connect(self.settings.database_url)
-                # The stream's only thread waits on these statements: a lock held on the heartbeat table, or
-                # a server that hangs, must cost a warning, not the stream.
-                self._conn.execute(
-                    "SELECT set_config('statement_timeout', %s, false),"
-                    " set_config('lock_timeout', %s, false)",
-                    (f"{STATEMENT_TIMEOUT_MS}ms", f"{LOCK_TIMEOUT_MS}ms"),
+                self._conn = connect_bounded(
+                    self.settings.database_url, statement_ms=STATEMENT_TIMEOUT_MS, lock_ms=LOCK_TIMEOUT_MS
                 )
             row = self._conn.execute(
                 "SELECT pg_logical_emit_message(false, %s, now()::text)::text", (PREFIX,)

@@ -31,9 +31,10 @@ from cdc.errors import (
 from cdc.stream.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.stream.delivery import Delivery, delivery_log
 from cdc.stream.heartbeat import Heartbeat
+from cdc.stream.progress import PositionWriter, checkpoint_table
 from cdc.stream.refusals import RefusalLedger
 from cdc.stream.route import EventRouter
-from cdc.stream.sink import KafkaSink
+from cdc.stream.sink import Headers, KafkaSink
 from cdc.stream.source import ReplicationSource, preflight
 from cdc.stream.transactions import (
     FENCED,
@@ -92,6 +93,7 @@ class Lifecycle(Delivery):
         self._alone: bytes | None = None  # the digest of the record produced alone, while it is
         self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
         self.heartbeat = Heartbeat(settings)
+        self.position = PositionWriter(settings)  # for `cdc recover`: how far Kafka acknowledged the outbox
         self._last_data = time.monotonic()  # when the stream last carried a change
         self._routes: dict[tuple[bytes, bytes, bytes], Route] = {}
         # Exactly-once delivery (cdc.stream.transactions).
@@ -107,6 +109,8 @@ class Lifecycle(Delivery):
         self.skipped_transactions = 0
         # Decided once: the hot path must not pay for a closure per event when nobody reads the lines.
         self._trace = delivery_log.isEnabledFor(logging.DEBUG)
+        # Headers every record gets after the pipeline's own: `cdc outbox republish` marks its copies.
+        self._extra_headers: Headers = []
 
     @property
     def events_published(self) -> int:
@@ -201,6 +205,7 @@ class Lifecycle(Delivery):
             publication=s.publication,
             table=(s.table.schema, s.table.name),
             check_failover=first,
+            checkpoint_table=checkpoint_table(s),
         )
         self.tracker = AckTracker(
             max(info.confirmed_flush_lsn, self.tracker.confirmed_lsn), latency=self.latency
@@ -428,6 +433,8 @@ class Lifecycle(Delivery):
                 )
             self._source = None
             source.finish()
+        self.position.offer(float("inf"), self._sent_confirmed, self.tracker.last_outbox)
+        self.position.close()
         log.info(
             "stopped: %d events published, %d dead-lettered, confirmed LSN %s",
             self.events_published,

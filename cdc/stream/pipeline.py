@@ -150,6 +150,8 @@ class Pipeline(Lifecycle):
             ("commit_lsn", self._txn_lsn),
             ("xid", self._txn_xid),
         ]
+        if self._extra_headers:
+            headers.extend(self._extra_headers)  # `cdc outbox republish`'s mark
         if raw_headers is not None:
             headers.extend(parse_headers(raw_headers))
         on_delivery = _traced(txn.delivered, id_) if self._trace else txn.delivered

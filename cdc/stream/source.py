@@ -36,6 +36,7 @@ from cdc.errors import (
 from cdc.pg import connect
 from cdc.stream import failover as failover_slots
 from cdc.stream.pgoutput import standby_status_update
+from cdc.stream.progress import check_not_recovering
 
 log = logging.getLogger("cdc.source")
 
@@ -96,9 +97,16 @@ def check_wal_level(conn: psycopg.Connection[Any]) -> None:
 
 
 def preflight(
-    dsn: str, *, slot: str, publication: str, table: tuple[str, str], check_failover: bool = False
+    dsn: str,
+    *,
+    slot: str,
+    publication: str,
+    table: tuple[str, str],
+    check_failover: bool = False,
+    checkpoint_table: str | None = None,
 ) -> SlotInfo:
-    """Refuse plainly, before streaming, when the database cannot stream the outbox safely."""
+    """Refuse plainly, before streaming, when the database cannot stream the outbox safely. With
+    ``checkpoint_table``, also when a `cdc recover` of the slot did not finish."""
     with connect(dsn) as conn:
         server_version = conn.info.server_version
         check_wal_level(conn)
@@ -126,9 +134,11 @@ def preflight(
         ).fetchone()
         if row is None:
             raise SlotMissingError(
-                f"replication slot '{slot}' does not exist. Create it with `cdc setup`; it is never created "
-                "automatically, because a new slot starts at the current WAL position and would skip every "
-                "event committed since the old one was lost"
+                f"replication slot '{slot}' does not exist. A first start: create it with `cdc setup`. "
+                "A lost slot: run `cdc recover`, which republishes from the outbox table what the old one "
+                "had not delivered and re-creates it. It is never created automatically, because a new slot "
+                "starts at the current WAL position and would skip every event committed since the old one "
+                "was lost"
             )
         (
             plugin,
@@ -157,9 +167,9 @@ def preflight(
             why = f"invalidation_reason = {reason}" if reason else "wal_status = lost"
             raise SlotInvalidatedError(
                 f"replication slot '{slot}' was invalidated by PostgreSQL ({why}): the changes it "
-                "held are gone and events may be missing. Drop it (`cdc teardown`), re-create it "
-                "(`cdc setup`) and reconcile the outbox rows written since the last confirmed LSN "
-                f"{confirmed or 'unknown'} by hand"
+                f"held are gone and events may be missing (confirmed LSN {confirmed or 'unknown'}). Run "
+                "`cdc recover`: it republishes from the outbox table what the slot had not delivered and "
+                "re-creates it"
             )
         if synced_copy:
             raise SourceConnectionError(
@@ -173,6 +183,8 @@ def preflight(
                 f"replication slot '{slot}' is in use by another process (pid {active_pid}); "
                 "only one pipeline may stream from a slot. Stop the other one first"
             )
+        if checkpoint_table is not None:
+            check_not_recovering(conn, checkpoint_table, slot)
         if _scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)) == 0:
             raise PublicationError(f"publication '{publication}' does not exist; create it with `cdc setup`")
         covered = _scalar(

@@ -20,8 +20,9 @@ from typing import NoReturn, TypeVar
 from cdc.config import Settings
 from cdc.errors import CdcError, DeliveryError, DeliveryRefusedError, TopicMissingError, format_lsn
 from cdc.stream.checkpoint import AckTracker, Transaction
+from cdc.stream.progress import PositionWriter
 from cdc.stream.refusals import GAPLESS_STOP, RefusalLedger, error_code, error_text
-from cdc.stream.sink import KafkaSink
+from cdc.stream.sink import Headers, KafkaSink
 from cdc.stream.source import ReplicationSource
 from cdc.stream.transactions import KafkaTransaction
 
@@ -58,6 +59,7 @@ class Waits:
     sink: KafkaSink
     tracker: AckTracker
     refusals: RefusalLedger
+    position: PositionWriter
     dead_lettered_by_reason: defaultdict[str, int]
     delivery_errors: int
     _stop: bool
@@ -70,6 +72,7 @@ class Waits:
     _txn_ts_ms: int
     _alone: bytes | None  # the digest of the record produced alone, while it is
     _trace: bool
+    _extra_headers: Headers
     # Exactly-once (cdc.stream.transactions): the open Kafka transaction, and the LSN that committed ones
     # cover, beyond which the slot may not be confirmed while a Kafka transaction is open.
     ktx: KafkaTransaction
@@ -132,6 +135,7 @@ class Waits:
             return
         confirmed = self._confirmable()
         source.send_status(max(self._received, confirmed), confirmed)
+        self.position.offer(time.monotonic(), confirmed, self.tracker.last_outbox)
         if self.refusals.active:
             self.refusals.settled(confirmed)
         if confirmed != self._sent_confirmed:

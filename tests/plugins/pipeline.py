@@ -472,6 +472,11 @@ def outbox(
                 (settings.slot,),
             )
             conn.execute(psycopg.sql.SQL("DROP TABLE IF EXISTS {}").format(psycopg.sql.Identifier(box.table)))
+            conn.execute(
+                "DO $$ BEGIN IF to_regclass('public.cdc_checkpoint') IS NOT NULL THEN"
+                " DELETE FROM public.cdc_checkpoint WHERE slot = " + psycopg.sql.quote(settings.slot) + ";"
+                " END IF; END $$"
+            )
         finally:
             conn.close()
             delete_topics(kafka_admin, box.topics)

@@ -138,3 +138,41 @@ def _pg_versions(request: pytest.FixtureRequest) -> None:
     low, high = marker.kwargs.get("min", 0), marker.kwargs.get("max", 1000)
     if not low <= major <= high:
         pytest.skip(f"PostgreSQL {major}: this test is for {low}..{high if high < 1000 else ''}")
+
+
+def invalidate_slot(admin_dsn: str, dsn: str, slot: str, filler: str, timeout: float = 60) -> None:
+    """Make PostgreSQL invalidate the inactive ``slot`` (``wal_status = lost``): ``max_slot_wal_keep_size``
+    lowered for a moment, and WAL written (into the new table ``filler``) and checkpointed past it."""
+    from psycopg import sql
+
+    from tests.plugins.pipeline import wait_until
+
+    table = sql.Identifier(filler)
+    with psycopg.connect(admin_dsn, autocommit=True) as admin, psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (x text)").format(table))
+        admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            # Move the WAL well past what the slot may keep, and let checkpoints remove the old segments.
+            for _ in range(4):
+                admin.execute("SELECT pg_switch_wal()")
+                conn.execute(
+                    sql.SQL("INSERT INTO {} SELECT repeat('x', 1000) FROM generate_series(1, 20000)").format(
+                        table
+                    )
+                )
+                admin.execute("CHECKPOINT")
+
+            def lost() -> bool:
+                admin.execute("SELECT pg_switch_wal()")
+                admin.execute("CHECKPOINT")
+                row = admin.execute(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                ).fetchone()
+                return row is not None and row[0] == "lost"
+
+            wait_until(lost, timeout, "the slot to be invalidated", interval=0.5)
+        finally:
+            admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            admin.execute("SELECT pg_reload_conf()")
+            conn.execute(sql.SQL("DROP TABLE {}").format(table))

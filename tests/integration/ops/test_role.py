@@ -38,9 +38,9 @@ def test_setup_role_streams_heartbeats_and_reports_with_only_its_grants(
 ):
     done = cdc(outbox.env, "setup", "--role", role)
     assert done.returncode == 0, done.stderr
-    assert f"06_role.sql: created role {role}" in done.stdout
+    assert f"07_role.sql: created role {role}" in done.stdout
     again = cdc(outbox.env, "setup", "--role", role)
-    assert "06_role.sql: already present" in again.stdout
+    assert "07_role.sql: already present" in again.stdout
 
     attributes = outbox.conn.execute(
         "SELECT rolsuper, rolreplication, rolcanlogin, rolcreatedb, rolcreaterole"
@@ -90,7 +90,7 @@ def test_a_role_without_replication_is_refused(outbox, role):
 
 
 def test_a_role_name_that_would_break_the_setup_sql_is_refused_before_anything_runs(outbox, unique_name):
-    # `$$` would end the DO body of 06_role.sql early; a quote or space is no name a DSN user can carry.
+    # `$$` would end the DO body of 07_role.sql early; a quote or space is no name a DSN user can carry.
     role = unique_name("cdc_role")[:50] + "$$"
     fresh = dict(outbox.env, CDC_PUBLICATION=unique_name("pub")[:63])
     done = cdc(fresh, "setup", "--role", role)
@@ -104,4 +104,4 @@ def test_a_role_name_that_would_break_the_setup_sql_is_refused_before_anything_r
         " (SELECT count(*) FROM pg_publication WHERE pubname = %s)",
         (role.rstrip("$") + "%", fresh["CDC_PUBLICATION"]),
     ).fetchone()
-    assert created == (0, 0), "nothing was applied, not even the scripts before 06_role.sql"
+    assert created == (0, 0), "nothing was applied, not even the scripts before 07_role.sql"

@@ -13,6 +13,7 @@ from psycopg import sql
 from tests.integration.stream.test_pipeline import error_line, run_refused
 from tests.plugins.pgcluster import extra_cluster
 from tests.plugins.pipeline import cdc, own_cluster_env, wait_until
+from tests.plugins.postgres import invalidate_slot
 
 pytestmark = pytest.mark.core
 
@@ -42,35 +43,7 @@ def test_publication_that_does_not_cover_the_outbox_is_refused(outbox, unique_na
 
 def test_invalidated_slot_is_refused_and_not_recreated(outbox, pg_admin_dsn, unique_name, pg_major):
     """A slot whose WAL is gone (wal_status = lost): `cdc run` refuses and leaves it for a human."""
-    filler = sql.Identifier(unique_name("filler")[:63])
-    outbox.conn.execute(sql.SQL("CREATE TABLE {} (x text)").format(filler))
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-        admin.execute("SELECT pg_reload_conf()")
-        try:
-            # Move the WAL well past what the slot may keep, and let checkpoints remove the old segments.
-            for _ in range(4):
-                admin.execute("SELECT pg_switch_wal()")
-                outbox.conn.execute(
-                    sql.SQL("INSERT INTO {} SELECT repeat('x', 1000) FROM generate_series(1, 20000)").format(
-                        filler
-                    )
-                )
-                admin.execute("CHECKPOINT")
-
-            def lost() -> bool:
-                admin.execute("SELECT pg_switch_wal()")
-                admin.execute("CHECKPOINT")
-                row = admin.execute(
-                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (outbox.slot,)
-                ).fetchone()
-                return row is not None and row[0] == "lost"
-
-            wait_until(lost, 60, "the slot to be invalidated", interval=0.5)
-        finally:
-            admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-            admin.execute("SELECT pg_reload_conf()")
-            outbox.conn.execute(sql.SQL("DROP TABLE {}").format(filler))
+    invalidate_slot(pg_admin_dsn, outbox.dsn, outbox.slot, unique_name("filler")[:63])
 
     code, stderr, _ = run_refused(outbox.env)
     assert code == 2, stderr

@@ -27,6 +27,7 @@ def test_scripts_are_rendered_in_order_with_quoted_names():
         "03_slot.sql",
         "04_outbox_emit.sql",
         "05_heartbeat.sql",
+        "06_checkpoint.sql",
     ]
     sql = "".join(s.sql for s in steps)
     assert 'CREATE TABLE IF NOT EXISTS "app"."outbox_events"' in sql
@@ -61,8 +62,8 @@ def test_failover_slot_arguments_only_when_asked():
 
 
 def test_role_script_only_with_a_role():
-    assert "06_role.sql" not in [s.name for s in render(settings())]
-    role_sql = next(s.sql for s in render(settings(), role="cdc_stream") if s.name == "06_role.sql")
+    assert "07_role.sql" not in [s.name for s in render(settings())]
+    role_sql = next(s.sql for s in render(settings(), role="cdc_stream") if s.name == "07_role.sql")
     assert 'CREATE ROLE "cdc_stream" LOGIN REPLICATION NOSUPERUSER' in role_sql
     assert 'GRANT SELECT, INSERT, UPDATE ON "public"."cdc_heartbeat" TO "cdc_stream"' in role_sql
 

@@ -182,3 +182,24 @@ def test_a_success_with_an_offset_is_one():
     txn = run_txn(tracker, 7, 1, 200)
     txn.delivered(None, _Report(0))
     assert tracker.confirmed_lsn == 200 and tracker.failure is None
+
+
+def test_the_last_acknowledged_outbox_transaction_is_kept_for_recover():
+    """`cdc recover` starts from the commit time of the last transaction with events that Kafka
+    acknowledged: an empty transaction (our own saved-position write, read back) never counts."""
+    tracker = AckTracker(100)
+    assert tracker.last_outbox == (0, 0)
+    first = tracker.begin(1, 190, 1_000)
+    first.sent()
+    tracker.commit(first, 200)
+    second = tracker.begin(2, 290, 2_000)
+    second.sent()
+    tracker.commit(second, 300)
+    second.delivered(None)
+    assert tracker.last_outbox == (0, 0), "the second is acknowledged, the first not yet"
+    first.delivered(None)
+    assert tracker.last_outbox == (300, 2_000)
+    empty = tracker.begin(3, 390, 3_000)
+    tracker.commit(empty, 400)
+    assert tracker.confirmed_lsn == 400
+    assert tracker.last_outbox == (300, 2_000)

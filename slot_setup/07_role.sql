@@ -1,6 +1,6 @@
 -- requires: role
 -- A least-privilege role for `cdc run` (only with `cdc setup --role NAME`). The grants below are exactly
--- what streaming, the heartbeat and `cdc status` need, found by tests/integration/test_role.py; nothing
+-- what streaming, the heartbeat, the saved position and `cdc status` need, found by tests/integration/test_role.py; nothing
 -- else (no superuser, no ownership, no write access to the outbox). Its password is not set here: set it
 -- yourself (ALTER ROLE ... PASSWORD) or use another authentication method, so no secret passes through cdc.
 DO $$
@@ -17,3 +17,5 @@ GRANT USAGE ON SCHEMA {{schema}} TO {{role}};
 GRANT SELECT ON {{table}} TO {{role}};
 -- `cdc run` notes the heartbeats it reads back; `cdc status` shows the last one.
 GRANT SELECT, INSERT, UPDATE ON {{heartbeat_table}} TO {{role}};
+-- `cdc run` notes how far Kafka acknowledged the outbox, for `cdc recover`; and reads whether a recover runs.
+GRANT SELECT, INSERT, UPDATE ON {{checkpoint_table}} TO {{role}};

@@ -1,0 +1,153 @@
+"""The saved position: how far Kafka has acknowledged the outbox, noted in the database for `cdc recover`.
+
+A lost slot (dropped, invalidated by ``max_slot_wal_keep_size``, gone with a failover before PostgreSQL 17)
+takes with it the only record of what was delivered. The outbox table still holds the rows; to know which of
+them the lost slot may not have delivered, `cdc run` notes in the ``cdc_checkpoint`` table (one row per
+slot, made by `cdc setup`) the slot's confirmed position and the commit time of the last outbox transaction
+Kafka acknowledged before it. Every outbox row committed later was created after that time, give or take
+the margin that `cdc recover` subtracts (``created_at`` is the application's clock, and a transaction's rows
+are created before it commits).
+
+Written at most every ``status_interval``, and only when an outbox transaction was acknowledged since the
+last write: never per event, and an idle outbox writes nothing (the write is a transaction in the WAL, which
+the slot reads back; it carries no outbox event, so it never moves what is written next). Best effort, like
+the heartbeat: a failure is a warning, and the saved position only lags, which costs `cdc recover` more
+duplicates, never an event.
+
+While a recover runs, ``recovering_since`` is set: `cdc run` refuses to stream from a slot whose recover did
+not finish (:func:`check_not_recovering`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc.config import Settings
+from cdc.errors import RecoveryUnfinishedError, SourceConnectionError, first_line, format_lsn
+from cdc.pg import connect_bounded
+
+log = logging.getLogger("cdc.progress")
+
+CHECKPOINT_TABLE = "cdc_checkpoint"
+STATEMENT_TIMEOUT_MS = 5000
+LOCK_TIMEOUT_MS = 2000
+
+
+def checkpoint_table(settings: Settings) -> str:
+    """The quoted name of the saved positions' table, beside the outbox (made by `cdc setup`)."""
+    return sql.Identifier(settings.table.schema, CHECKPOINT_TABLE).as_string()
+
+
+@dataclass(frozen=True, slots=True)
+class SavedPosition:
+    """A slot's row of ``cdc_checkpoint``."""
+
+    slot: str
+    confirmed_lsn: int
+    commit_time: datetime  # of the last outbox transaction Kafka acknowledged at or before confirmed_lsn
+    updated_at: datetime
+    recovering_since: datetime | None
+
+
+def read_position(conn: psycopg.Connection[Any], settings: Settings) -> SavedPosition | None:
+    """The slot's saved position; None when there is none, or no table (a setup older than the table)."""
+    return _read(conn, checkpoint_table(settings), settings.slot)
+
+
+def _read(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition | None:
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(
+        "SELECT (confirmed_lsn - '0/0'::pg_lsn)::bigint, commit_time, updated_at, recovering_since"
+        f" FROM {table} WHERE slot = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SavedPosition(slot, int(row[0]), row[1], row[2], row[3])
+
+
+def check_not_recovering(conn: psycopg.Connection[Any], table: str, slot: str) -> None:
+    """Refuse to stream from a slot that a `cdc recover` made and did not finish republishing for."""
+    position = _read(conn, table, slot)
+    if position is not None and position.recovering_since is not None:
+        raise RecoveryUnfinishedError(
+            f"slot '{slot}' was re-created by a `cdc recover` that did not finish (started "
+            f"{position.recovering_since.isoformat(timespec='seconds')}): streaming from it now would skip "
+            "events of the lost slot. Run `cdc recover` again"
+        )
+
+
+class PositionWriter:
+    """Notes the saved position, on a connection of its own, at most every ``status_interval``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.interval = settings.status_interval
+        self.saves = 0
+        self._conn: psycopg.Connection[Any] | None = None
+        self._last_try = float("-inf")  # monotonic
+        self._saved_commit_us = 0
+        self._table_missing = False
+
+    def offer(self, now: float, confirmed_lsn: int, last_outbox: tuple[int, int]) -> None:
+        """The slot was confirmed up to ``confirmed_lsn``; ``last_outbox`` is (end LSN, commit time in µs
+        since the Unix epoch) of the last acknowledged transaction that held outbox events. Saved when that
+        transaction is covered by the confirmed position, new since the last save, and the interval has
+        passed."""
+        end_lsn, commit_us = last_outbox
+        if (
+            not commit_us
+            or commit_us == self._saved_commit_us
+            or end_lsn > confirmed_lsn
+            or self._table_missing
+            or now - self._last_try < self.interval
+        ):
+            return
+        self._last_try = now
+        self.save(confirmed_lsn, commit_us)
+
+    def save(self, confirmed_lsn: int, commit_us: int) -> None:
+        table = checkpoint_table(self.settings)
+        commit_time = datetime.fromtimestamp(commit_us / 1_000_000, tz=UTC)
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect_bounded(
+                    self.settings.database_url, statement_ms=STATEMENT_TIMEOUT_MS, lock_ms=LOCK_TIMEOUT_MS
+                )
+            self._conn.execute(
+                f"INSERT INTO {table} AS c (slot, confirmed_lsn, commit_time, updated_at)"
+                " VALUES (%s, %s::pg_lsn, %s, now()) ON CONFLICT (slot) DO UPDATE"
+                " SET confirmed_lsn = greatest(c.confirmed_lsn, excluded.confirmed_lsn),"
+                " commit_time = greatest(c.commit_time, excluded.commit_time), updated_at = now()",
+                (self.settings.slot, format_lsn(confirmed_lsn), commit_time),
+            )
+        except psycopg.errors.UndefinedTable:
+            self._table_missing = True
+            log.warning(
+                "the acknowledged position is not saved for `cdc recover`: run `cdc setup` to create %s",
+                table,
+            )
+            return
+        except (psycopg.Error, SourceConnectionError) as exc:
+            log.warning(
+                "could not save the acknowledged position (%s); trying again in %g s",
+                first_line(exc),
+                self.interval,
+            )
+            self.close()
+            return
+        self._saved_commit_us = commit_us
+        self.saves += 1
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

@@ -413,24 +413,29 @@ def walsender_wait_event(outbox, pid: int) -> str | None:
     return None if row is None else row[0]
 
 
-def pause_walsender_while_sending(outbox, timeout: float = 20) -> int:
+def pause_walsender_while_sending(outbox, pipeline_pid: int, timeout: float = 20) -> int:
     """SIGSTOP the slot's walsender at a moment it waits for the pipeline to take more data (wait event
-    WalSenderWriteData); returns its pid. The caller must SIGCONT it."""
+    WalSenderWriteData); returns its pid. The caller must SIGCONT it. The pipeline is paused meanwhile, so
+    that the walsender fills the socket and waits, however fast the pipeline reads on this machine today."""
     pid = outbox.slot_active_pid()
     assert pid is not None, "no walsender"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if walsender_wait_event(outbox, pid) == "WalSenderWriteData":
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                # A stopped process keeps the wait event it had: it tells where it was stopped.
-                if walsender_wait_event(outbox, pid) == "WalSenderWriteData":
-                    return pid
-            except BaseException:
+    os.kill(pipeline_pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if walsender_wait_event(outbox, pid) == "WalSenderWriteData":
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    # A stopped process keeps the wait event it had: it tells where it was stopped.
+                    if walsender_wait_event(outbox, pid) == "WalSenderWriteData":
+                        return pid
+                except BaseException:
+                    os.kill(pid, signal.SIGCONT)
+                    raise
                 os.kill(pid, signal.SIGCONT)
-                raise
-            os.kill(pid, signal.SIGCONT)
-        time.sleep(0.005)
+            time.sleep(0.005)
+    finally:
+        os.kill(pipeline_pid, signal.SIGCONT)
     raise AssertionError("the walsender was never caught waiting to send (has the pipeline read everything?)")
 
 
@@ -453,7 +458,7 @@ def sigterm_mid_stream(outbox, pipeline_process, consume, kafka_bootstrap, sizes
 
     proc = pipeline_process()
     wait_until(lambda: outbox.confirmed_lsn() > txns[40].lsn_before, 60, "40 transactions confirmed", 0.02)
-    walsender = pause_walsender_while_sending(outbox) if slow_walsender else None
+    walsender = pause_walsender_while_sending(outbox, proc.pid) if slow_walsender else None
     try:
         proc.proc.send_signal(signal.SIGTERM)
         if walsender is not None:

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc.avro.encoder import AvroEncoder
-from cdc.avro.store import SchemaStore
+from cdc.avro.reload import SchemaSet
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
     DeliveryError,
@@ -62,14 +61,16 @@ class Lifecycle(Delivery):
     def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
         self.settings = settings
         self.router = EventRouter(settings)
-        store = SchemaStore(settings.schemas_dir)
-        self.encoder = AvroEncoder(store)
+        # Checked as `cdc schemas check` does (a ConfigError when it fails), re-read on a miss or SIGHUP.
+        self.schemas = SchemaSet(settings.schemas_dir, settings.schema_compatibility)
+        self.encoder = self.schemas.encoder
+        self._reload_requested = False
         self.registry: SchemaRegistry | None = None
         if settings.value_format == "confluent":
             # Imported only here: the registry client's HTTP stack costs start-up time and ~15 MB of RSS.
             from cdc.avro.registry import SchemaRegistry
 
-            self.registry = SchemaRegistry.from_settings(settings, store)
+            self.registry = SchemaRegistry.from_settings(settings, self.schemas.store)
         self.sink = sink or KafkaSink(settings)
         self.latency = AckLatency()
         self.tracker = AckTracker(latency=self.latency)
@@ -128,6 +129,23 @@ class Lifecycle(Delivery):
     def request_stop(self) -> None:
         """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler)."""
         self._stop = True
+
+    def request_schema_reload(self) -> None:
+        """Ask the pipeline to re-read schemas_dir between two reads of the stream (safe to call from a
+        signal handler: SIGHUP)."""
+        self._reload_requested = True
+
+    def _reload_schemas(self, missing: tuple[str, int] | None = None) -> bool:
+        """Re-read schemas_dir: throttled for a ``missing`` (event type, version), else at once (SIGHUP);
+        True when new schemas are in use. Cached routes stay valid: a re-read that changes a loaded version
+        is refused."""
+        schemas = self.schemas
+        changed = schemas.reload_on_miss(*missing) if missing is not None else schemas.reload("SIGHUP")
+        if changed:
+            self.encoder = schemas.encoder
+            if self.registry is not None:
+                self.registry.store = schemas.store
+        return changed
 
     def run(self) -> None:
         """Stream until a stop is requested; raise a CdcError when the pipeline cannot go on."""

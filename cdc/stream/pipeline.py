@@ -26,6 +26,7 @@ from cdc.errors import (
     InvalidTopicError,
     MalformedEventError,
     RegistryUnavailableError,
+    SchemaNotFoundError,
     format_lsn,
 )
 from cdc.stream.delivery import _traced
@@ -104,6 +105,9 @@ class Pipeline(Lifecycle):
             elif heartbeat.due(now, self._last_data):
                 heartbeat.emit(now)
             poll(0)
+            if self._reload_requested:
+                self._reload_requested = False
+                self._reload_schemas()
             if tracker.failure is not None or self.sink.fatal_error is not None:
                 self._delivery_failed()
             if ktx.open and self._txn is None and ktx.due(now):
@@ -192,7 +196,11 @@ class Pipeline(Lifecycle):
             )
         v = int(version)
         topic = self.router.topic(at, et)
-        encode = self.encoder.encoder_for(et, v)  # the schema file first: a missing one is the event's fault
+        try:  # the schema first: a missing one is the event's fault, once schemas_dir was re-read
+            encode = self.encoder.encoder_for(et, v)
+        except SchemaNotFoundError:
+            self._reload_schemas((et, v))
+            encode = self.encoder.encoder_for(et, v)  # or the error again, saying what the re-read found
         if self.registry is not None:
             encode = self.encoder.encoder_for(et, v, header=confluent_header(self._schema_id(topic, et, v)))
         self._ensure_topic(topic)

@@ -33,6 +33,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │       ├── DeliveryRefusedError  Kafka refused records: the pipeline replays and dead-letters the culprit
 │       ├── TransactionAbortedError   exactly-once: a Kafka transaction could not commit, was aborted; restart
 │       └── ProducerFencedError   exactly-once: another process took the transactional id: exit 1
+├── DeadLetterFloodError          exit 1: max_dead_letters within dead_letter_window stopped `cdc run`
 ├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
 ├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
 ├── DeserializationError          the consumer side: a value that cannot be decoded to an event
@@ -54,6 +55,7 @@ __all__ = [
     "ConfigError",
     "ConsumerError",
     "DeadLetterError",
+    "DeadLetterFloodError",
     "DeliveryError",
     "DeliveryRefusedError",
     "ProducerFencedError",
@@ -233,6 +235,13 @@ class TransactionAbortedError(DeliveryError):
 class ProducerFencedError(DeliveryError):
     """Exactly-once: another process initialised the same transactional id; this one publishes nothing
     more."""
+
+
+class DeadLetterFloodError(CdcError):
+    """The poison-flood brake: ``max_dead_letters`` dead letters within ``dead_letter_window`` seconds. The
+    pipeline finished the source transaction of the last one, waited for Kafka's acknowledgements and
+    confirmed them to the slot, like at SIGTERM, then exits 1: a restart goes on from there, and meets the
+    flood again if it goes on, which the supervisor's restart count and the metrics make visible."""
 
 
 class SchemaCompatibilityError(CdcError):

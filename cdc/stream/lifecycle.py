@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import TYPE_CHECKING, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
@@ -85,6 +85,9 @@ class Lifecycle(Delivery):
         self._txn_ts_ms = 0
         self.published_by_topic: defaultdict[str, int] = defaultdict(int)
         self.dead_lettered_by_reason: defaultdict[str, int] = defaultdict(int)
+        limit = settings.max_dead_letters
+        self._dead_letter_times: deque[float] | None = deque(maxlen=limit) if limit else None
+        self._flood = None
         self.delivery_errors = 0
         self.ignored_messages = 0  # non-transactional 'outbox' logical messages: not events
         self.reconnects = 0
@@ -116,6 +119,14 @@ class Lifecycle(Delivery):
     @property
     def events_dead_lettered(self) -> int:
         return sum(self.dead_lettered_by_reason.values())
+
+    def dead_letters_in_window(self) -> int:
+        """The poison-flood brake's count: dead letters within the last dead_letter_window (0 when off)."""
+        times = self._dead_letter_times
+        if times is None:
+            return 0
+        since = time.monotonic() - self.settings.dead_letter_window
+        return sum(1 for t in tuple(times) if t >= since)  # a copy: the stream's thread appends meanwhile
 
     def not_ready(self) -> list[str]:
         """Why the pipeline is not ready (empty when it is): for /readyz."""
@@ -193,6 +204,10 @@ class Lifecycle(Delivery):
                 first = False
         finally:
             self._shutdown()
+        flood = self._flood
+        if flood is not None:  # stopped in order, as at SIGTERM: now the exit code and the line say why
+            flood.lsn = self._confirmable()
+            raise flood
 
     def _reconnect_later(self, exc: Exception, backoff: Backoff) -> None:
         """The connection to PostgreSQL was lost: let Kafka finish what it has, then wait before the next

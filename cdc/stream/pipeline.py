@@ -47,7 +47,7 @@ from cdc.stream.pgoutput import decode, decode_copy_data, decode_insert_tuple
 from cdc.stream.route import MESSAGE_PREFIX, RowFields, event_from_fields, parse_headers
 from cdc.stream.sink import Headers, ProducerStoppedError
 from cdc.stream.source import ReplicationSource
-from cdc.stream.waits import STATUS_MIN_INTERVAL
+from cdc.stream.waits import STATUS_MIN_INTERVAL, StopRequested
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -257,6 +257,11 @@ class Pipeline(Lifecycle):
                 ktx.last_commit_us = txn.commit_time_us
                 if ktx.due(time.monotonic()):
                     self._commit_kafka()
+            if self._flood is not None:
+                # The poison-flood brake: this transaction is whole, so the shutdown can confirm it (and
+                # with exactly-once commit it) and a restart goes on after it.
+                self._stop = True
+                raise StopRequested
         elif isinstance(message, Relation):
             if self.router.relation(message):
                 log.info(

@@ -178,6 +178,10 @@ class Settings:
     max_in_flight: int = 100_000
     heartbeat_interval: float = 30.0
     on_invalid_event: str = "dlq"
+    # The poison-flood brake: this many dead letters within dead_letter_window seconds stop `cdc run` (exit 1)
+    # once the source transaction of the last one is whole and confirmed. None: off.
+    max_dead_letters: int | None = None
+    dead_letter_window: float = 60.0
     on_slot_active: str = "refuse"  # "wait": a standby that takes over when the slot is released
     # "exactly-once": Kafka transactions with the checkpoint inside (cdc.stream.transactions).
     delivery: str = "at-least-once"

@@ -36,6 +36,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │       └── ProducerFencedError   exactly-once: another process took the transactional id: exit 1
 ├── RecoveryError                 `cdc recover` or `cdc outbox republish` did not finish (no new slot is left)
 │   └── RecoveryRefusedError      exit 2: nothing to recover, a pipeline streams, or rows were pruned past it
+├── DeadLetterFloodError          exit 1: max_dead_letters within dead_letter_window stopped `cdc run`
 ├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
 ├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
 ├── DeserializationError          the consumer side: a value that cannot be decoded to an event
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigError",
     "ConsumerError",
     "DeadLetterError",
+    "DeadLetterFloodError",
     "DeliveryError",
     "DeliveryRefusedError",
     "ProducerFencedError",
@@ -255,6 +257,13 @@ class RecoveryRefusedError(RecoveryError):
     table no longer holds every row it would need. Nothing was changed."""
 
     exit_code = 2
+
+
+class DeadLetterFloodError(CdcError):
+    """The poison-flood brake: ``max_dead_letters`` dead letters within ``dead_letter_window`` seconds. The
+    pipeline finished the source transaction of the last one, waited for Kafka's acknowledgements and
+    confirmed them to the slot, like at SIGTERM, then exits 1: a restart goes on from there, and meets the
+    flood again if it goes on, which the supervisor's restart count and the metrics make visible."""
 
 
 class SchemaCompatibilityError(CdcError):

@@ -2,7 +2,11 @@
 
 Nothing here runs per event. The pipeline keeps plain counters as it goes; a collector reads them when
 Prometheus scrapes, on the HTTP server's thread (reading ints and a list the main thread writes is safe under
-the GIL, and a scrape that is one event behind is fine).
+the GIL, and a scrape that is one event behind is fine). A scrape also says whether the pipeline is ready
+(``cdc_ready``, what ``/readyz`` answers) and what the server says of the slot (``cdc_slot_active``,
+``cdc_slot_retained_wal_bytes``, from ``pg_replication_slots`` on the scrape thread's own connection), each
+asked at most every READY_CACHE_SECONDS. ``deploy/`` has a Grafana dashboard and Prometheus alert rules
+built on these names (docs/operations.md, "Monitoring").
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import psycopg
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from cdc.errors import ConfigError
+from cdc.errors import ConfigError, SourceConnectionError, first_line
+from cdc.pg import connect
 
 if TYPE_CHECKING:
     from cdc.stream.pipeline import Pipeline
@@ -96,7 +102,54 @@ class PipelineCollector(Collector):
             "Unix time the last heartbeat came back on the stream (0: none yet)",
             value=p.heartbeat.last_seen,
         )
+        yield GaugeMetricFamily(
+            "cdc_dead_letter_brake_limit",
+            "max_dead_letters: dead letters within dead_letter_window that stop the run (0: off)",
+            value=p.settings.max_dead_letters or 0,
+        )
+        yield GaugeMetricFamily(
+            "cdc_dead_letters_in_window",
+            "Dead letters within the last dead_letter_window, as the brake counts them (0 when it is off)",
+            value=p.dead_letters_in_window(),
+        )
+        reloads = CounterMetricFamily(
+            "cdc_schema_reloads",
+            "Re-reads of schemas_dir (a miss or SIGHUP), by outcome: used, unchanged, refused",
+            labels=["outcome"],
+        )
+        for outcome, count in list(p.schemas.reloads.items()):
+            reloads.add_metric([outcome], count)
+        yield reloads
         yield _latency_histogram(p)
+
+
+class ServerCollector(Collector):
+    """What the metrics server learns at a scrape, cached: readiness and the slot as the server sees it."""
+
+    def __init__(self, server: MetricsServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(
+            "cdc_ready",
+            "1 when /readyz answers ready (streaming, Kafka answers)",
+            value=not self.server.not_ready(),
+        )
+        slot = self.server.slot()
+        if slot is None:
+            return  # PostgreSQL did not answer: no value rather than a wrong one (cdc_ready says why)
+        active, retained = slot
+        yield GaugeMetricFamily(
+            "cdc_slot_active",
+            "1 while a process streams from the slot (pg_replication_slots.active)",
+            value=active,
+        )
+        if retained is not None:
+            yield GaugeMetricFamily(
+                "cdc_slot_retained_wal_bytes",
+                "WAL the slot keeps on the server: its restart_lsn to the current WAL position",
+                value=retained,
+            )
 
 
 def _latency_histogram(p: Pipeline) -> HistogramMetricFamily:
@@ -139,11 +192,14 @@ class MetricsServer:
     ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(PipelineCollector(pipeline))
+        registry.register(ServerCollector(self))
         self._metrics = make_wsgi_app(registry)
         self._pipeline = pipeline
         self._clock = clock
         self._ready: tuple[float, list[str]] | None = None  # (when asked, reasons)
         self._ready_lock = threading.Lock()
+        self._slot: tuple[float, tuple[bool, int | None] | None] | None = None  # (when asked, answer)
+        self._slot_conn: psycopg.Connection[Any] | None = None
         try:
             self._server: WSGIServer = make_server(host, port, self._app, handler_class=_Quiet)
         except OSError as exc:
@@ -165,6 +221,34 @@ class MetricsServer:
                 self._ready = (now, self._pipeline.not_ready())
             return self._ready[1]
 
+    def slot(self) -> tuple[bool, int | None] | None:
+        """(active, retained WAL bytes) of the slot from pg_replication_slots, asked at most every
+        READY_CACHE_SECONDS; None when PostgreSQL does not answer or the slot is missing."""
+        with self._ready_lock:
+            now = self._clock()
+            if self._slot is None or now - self._slot[0] >= READY_CACHE_SECONDS:
+                self._slot = (now, self._ask_slot())
+            return self._slot[1]
+
+    def _ask_slot(self) -> tuple[bool, int | None] | None:
+        settings = self._pipeline.settings
+        try:
+            if self._slot_conn is None or self._slot_conn.closed:
+                self._slot_conn = connect(settings.database_url)
+                self._slot_conn.execute("SELECT set_config('statement_timeout', '2000ms', false)")
+            row = self._slot_conn.execute(
+                "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"
+                " FROM pg_replication_slots WHERE slot_name = %s",
+                (settings.slot,),
+            ).fetchone()
+        except (psycopg.Error, SourceConnectionError) as exc:
+            log.debug("metrics: the slot's state is unknown: %s", first_line(exc))
+            if self._slot_conn is not None:
+                self._slot_conn.close()
+                self._slot_conn = None
+            return None
+        return None if row is None else (bool(row[0]), None if row[1] is None else int(row[1]))
+
     def start(self) -> None:
         self._thread.start()
         log.info("metrics on %s:%d (/metrics, /healthz, /readyz)", self.host, self.port)
@@ -172,6 +256,10 @@ class MetricsServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        with self._ready_lock:
+            if self._slot_conn is not None:
+                self._slot_conn.close()
+                self._slot_conn = None
 
     def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")

@@ -12,17 +12,19 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from cdc.avro.compat import VersionGapError, check_versions
 from cdc.avro.encoder import AvroEncoder
-from cdc.avro.registry import SchemaRegistry
 from cdc.avro.resolution import InvalidSchemaError
 from cdc.avro.store import SCHEMA_FILE, SchemaStore
 from cdc.config import Settings
 from cdc.errors import ConfigError, EventError
+
+if TYPE_CHECKING:  # its HTTP stack only for `register`: `cdc run` checks schemas on every re-read
+    from cdc.avro.registry import SchemaRegistry
 
 __all__ = ["CheckReport", "Registered", "SchemaInfo", "check_schemas", "list_schemas", "register_schemas"]
 
@@ -138,6 +140,8 @@ def register_schemas(
 ) -> list[Registered]:
     """Register every version of every event type (or of ``event_types``), in order, under the subjects of
     the given topics (``topics``, and the template's topics of ``aggregate_types``)."""
+    from cdc.avro.registry import SchemaRegistry
+
     store = SchemaStore(settings.schemas_dir)
     if registry is None:
         with SchemaRegistry.from_settings(settings, store) as own:

@@ -29,7 +29,7 @@ def main() -> None:
 @settings_options
 @handles_errors
 def run(config_file: Path | None, **flags: Any) -> None:
-    """Run the pipeline until SIGTERM or SIGINT."""
+    """Run the pipeline until SIGTERM or SIGINT; SIGHUP re-reads schemas_dir."""
     settings = build_settings(config_file, **flags)
     configure_logging(settings.log_level, settings.log_format)
     from cdc.stream import Pipeline  # the pipeline pulls in Kafka and Avro; other commands need neither
@@ -40,8 +40,12 @@ def run(config_file: Path | None, **flags: Any) -> None:
         log.info("received %s: stopping after in-flight events are acknowledged", signal.Signals(signum).name)
         pipeline.request_stop()
 
+    def reload(_signum: int, _frame: object) -> None:
+        pipeline.request_schema_reload()  # only a flag: the stream's thread re-reads, and logs what it found
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
     server = None
     if settings.metrics_port is not None:
         from cdc.metrics import MetricsServer
@@ -58,8 +62,8 @@ def run(config_file: Path | None, **flags: Any) -> None:
             server.stop()
         # Shut down and confirmed: a late second signal must not turn the clean exit into a kill while
         # the interpreter winds down (it restores the default handlers, and librdkafka's teardown takes time).
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 @main.command()

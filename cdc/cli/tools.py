@@ -1,4 +1,5 @@
-"""`cdc schemas list|check|register` and `cdc dlq list|show|replay`: the schemas and the dead letters."""
+"""`cdc schemas list|check|register` and `cdc dlq list|show|replay|discard`: the schemas and the dead
+letters."""
 
 from __future__ import annotations
 
@@ -105,24 +106,44 @@ def schemas_register(
 
 @click.group()
 def dlq() -> None:
-    """The dead-letter topic: list, inspect and replay events the pipeline could not publish."""
+    """The dead-letter topic: list, inspect, replay or discard events the pipeline could not publish."""
 
 
 @dlq.command("list")
 @settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--summary", is_flag=True, help="Only how many are unresolved per reason.")
 @handles_errors
-def dlq_list(config_file: Path | None, as_json: bool, **flags: Any) -> None:
-    """Unresolved dead-letter records: id, event type, version, reason, time, partition:offset."""
+def dlq_list(config_file: Path | None, as_json: bool, summary: bool, **flags: Any) -> None:
+    """Unresolved dead-letter records (id, event type, version, reason, time, partition:offset), then how
+    many are unresolved per reason."""
     from cdc.ops.dlq import DeadLetterTopic
 
     settings = build_settings(config_file, require_database=False, **flags)
     with DeadLetterTopic(settings) as topic:
-        rows = [r.summary() for r in topic.scan().listing()]
-    if as_json or not rows:
-        click.echo(json.dumps(rows, indent=2) if as_json else f"nothing unresolved in {settings.dlq_topic}")
+        scan = topic.scan()
+    counts = scan.by_reason()
+    if as_json:
+        rows = [r.summary() for r in scan.listing()]
+        click.echo(json.dumps(counts if summary else rows, indent=2))
         return
-    table = [["ID", "EVENT TYPE", "VERSION", "REASON", "TIME", "POSITION"], *(list(r.values()) for r in rows)]
+    if not counts:
+        click.echo(f"nothing unresolved in {settings.dlq_topic}")
+        return
+    if not summary:
+        cells = [list(r.summary().values()) for r in scan.listing()]
+        _table([["ID", "EVENT TYPE", "VERSION", "REASON", "TIME", "POSITION"], *cells])
+        click.echo("")
+    _table(
+        [
+            ["REASON", "UNRESOLVED"],
+            *([k, str(v)] for k, v in counts.items()),
+            ["total", str(sum(counts.values()))],
+        ]
+    )
+
+
+def _table(table: list[list[str]]) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
@@ -135,12 +156,20 @@ def dlq_list(config_file: Path | None, as_json: bool, **flags: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
 @handles_errors
 def dlq_show(config_file: Path | None, record_id: str, payload: bool, as_json: bool, **flags: Any) -> None:
-    """One unresolved record (ID: event id or partition:offset): headers, reason and message."""
+    """One record (ID: event id or partition:offset): headers, reason and message, and how it was resolved
+    (replayed, or discarded by whom and why) when it was."""
+    from cdc.errors import DeadLetterError
     from cdc.ops.dlq import DeadLetterTopic
 
     settings = build_settings(config_file, require_database=False, **flags)
     with DeadLetterTopic(settings) as topic:
-        details = topic.scan().find(record_id).details(payload)
+        scan = topic.scan()
+        try:
+            record = scan.find(record_id)
+        except DeadLetterError:  # resolved records lie before the bookmark: the whole topic, then
+            scan = topic.scan(from_start=True)
+            record = scan.find_any(record_id)
+        details = scan.details(record, payload)
     if as_json:
         click.echo(json.dumps(details, indent=2))
         return
@@ -149,8 +178,18 @@ def dlq_show(config_file: Path | None, record_id: str, payload: bool, as_json: b
             click.echo("headers:\n" + "\n".join(f"  {name}: {text}" for name, text in value))
         elif key == "payload":
             click.echo("payload:\n" + json.dumps(value, indent=2))
+        elif key == "resolution":
+            click.echo(f"resolution: {_resolution(value)}")
         else:
             click.echo(f"{key}: {value}")
+
+
+def _resolution(r: dict[str, str] | None) -> str:
+    if r is None:
+        return "unresolved"
+    if r["outcome"] == "discarded":
+        return f"discarded by {r['by']} at {r['time']} (marker {r['marker']}): {r['reason']}"
+    return f"replayed to {r['to']} at {r['time']} (marker {r['marker']})"
 
 
 @dlq.command("replay")
@@ -173,3 +212,21 @@ def dlq_replay(config_file: Path | None, ids: tuple[str, ...], replay_all: bool,
         click.echo(f"nothing to replay in {settings.dlq_topic}")
     if result.failing:
         sys.exit(1)
+
+
+@dlq.command("discard")
+@settings_options
+@click.argument("ids", nargs=-1, required=True, metavar="ID...")
+@click.option("--reason", required=True, help="Why it is not replayed; recorded in the marker.")
+@click.option("--by", help="Who discards it (default: the OS user); recorded in the marker.")
+@handles_errors
+def dlq_discard(
+    config_file: Path | None, ids: tuple[str, ...], reason: str, by: str | None, **flags: Any
+) -> None:
+    """Resolve records without replaying them (like messenger:failed:remove); `cdc dlq show` tells who and
+    why."""
+    from cdc.ops.discard import discard, who
+
+    settings = build_settings(config_file, require_database=False, **flags)
+    for record in discard(settings, ids, reason=reason, by=who() if by is None else by):
+        click.echo(f"discarded {record.id} ({record.header('error_reason') or 'no reason'})")

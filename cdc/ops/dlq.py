@@ -1,10 +1,14 @@
-"""Dead-letter tooling (``cdc dlq list|show|replay``), in the spirit of a failure transport.
+"""Dead-letter tooling (``cdc dlq list|show|replay|discard``), in the spirit of a failure transport.
 
 Once the cause of a dead letter is fixed (a schema added, a registry that accepts it again) the record is
 replayed: encoded with the *current* schemas as the pipeline would, and published to its original topic with
-its original key, timestamp and headers by an idempotent producer. Kafka cannot delete a record, so
-"resolved" is appended: after Kafka acknowledged a replay, a *marker* goes to the dead-letter topic, into the
-partition of the record it resolves (no key, no value, header ``cdc_dlq_resolved = <partition>:<offset>``).
+its original key, timestamp and headers by an idempotent producer. One that is not worth publishing is
+discarded instead (like Symfony Messenger's ``messenger:failed:remove``). Kafka cannot delete a record, so
+"resolved" is appended: after Kafka acknowledged a replay, or for a discard, a *marker* goes to the
+dead-letter topic, into the partition of the record it resolves (no key, no value, header
+``cdc_dlq_resolved = <partition>:<offset>``, and ``replayed_to = <topic>`` for a replay or
+``discarded_by = <who>`` and ``discard_reason = <why>`` for a discard). ``cdc dlq show`` finds a resolved
+record too and says how it was resolved.
 
 Reading uses a consumer group of the tool's own, ``cdc-dlq-<dlq_topic>``, as a bookmark only: partitions are
 assigned explicitly (no membership, no rebalance) and read from the committed offset (or the beginning) up
@@ -44,6 +48,9 @@ SUMMARY: Final = ("id", "event_type", "schema_version", "reason", "time", "posit
 ERROR_HEADERS: Final = ("error_class", "error_reason", "error_message", "original_topic")
 RESOLVED: Final = "cdc_dlq_resolved"
 REPLAYED_FROM: Final = "cdc_replayed_from"
+REPLAYED_TO: Final = "replayed_to"  # marker headers: how the record was resolved
+DISCARDED_BY: Final = "discarded_by"
+DISCARD_REASON: Final = "discard_reason"
 _POSITION: Final = re.compile(r"(\d+):(\d+)\Z")
 Position = tuple[int, int]  # (partition, offset)
 
@@ -113,6 +120,16 @@ class DeadLetter:
         values = (self.id, h("event_type"), h("schema_version"), h("error_reason"), stamp, _at(self.position))
         return dict(zip(SUMMARY, values, strict=True))
 
+    def resolution(self) -> dict[str, str]:
+        """What this marker says of the record it resolves: replayed (to a topic) or discarded (by whom,
+        why), when, and where the marker is."""
+        stamp = datetime.fromtimestamp(self.timestamp_ms / 1000, UTC).isoformat(timespec="milliseconds")
+        out = {"time": stamp.replace("+00:00", "Z"), "marker": _at(self.position)}
+        if any(k == DISCARDED_BY for k, _ in self.headers):
+            by, why = self.header(DISCARDED_BY), self.header(DISCARD_REASON)
+            return {"outcome": "discarded", "by": by, "reason": why, **out}
+        return {"outcome": "replayed", "to": self.header(REPLAYED_TO), **out}
+
     def details(self, payload: bool = False) -> dict[str, Any]:
         out = {**self.summary(), "message": self.header("error_message")}
         out["original_topic"] = self.header("original_topic")
@@ -135,13 +152,17 @@ class Scan:
     ranges: dict[int, tuple[int, int]]  # partition -> [start, end)
     records: list[DeadLetter]  # in (partition, offset) order
     resolved: set[Position] = field(default_factory=set)
+    markers: dict[Position, DeadLetter] = field(default_factory=dict)  # the first marker of each position
 
     @classmethod
     def of(cls, topic: str, ranges: dict[int, tuple[int, int]], read: Iterable[DeadLetter]) -> Scan:
         """Markers folded over what was read: a marker resolves a position, and is no dead letter itself."""
         read = sorted(read, key=lambda r: r.position)
-        resolved = {t for r in read if isinstance(t := parse_id(r.header(RESOLVED) or "-"), tuple)}
-        return cls(topic, ranges, [r for r in read if not r.header(RESOLVED)], resolved)
+        markers: dict[Position, DeadLetter] = {}
+        for r in read:
+            if isinstance(target := parse_id(r.header(RESOLVED) or "-"), tuple):
+                markers.setdefault(target, r)
+        return cls(topic, ranges, [r for r in read if not r.header(RESOLVED)], set(markers), markers)
 
     def unresolved(self) -> list[DeadLetter]:
         """Every unresolved record, copies of one event included."""
@@ -155,6 +176,30 @@ class Scan:
             if known is None or (r.timestamp_ms, r.offset) >= (known.timestamp_ms, known.offset):
                 latest[r.id] = r
         return sorted(latest.values(), key=lambda r: r.position)
+
+    def by_reason(self) -> dict[str, int]:
+        """How many listed (unresolved) records each reason has, the most first."""
+        counts: defaultdict[str, int] = defaultdict(int)
+        for r in self.listing():
+            counts[r.header("error_reason") or "(none)"] += 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def find_any(self, text: str) -> DeadLetter:
+        """The record of an ID, resolved or not (its latest copy): for ``cdc dlq show``."""
+        try:
+            return self.find(text)
+        except DeadLetterError:
+            wanted = parse_id(text)
+            found = [r for r in self.records if wanted in (r.id, r.position)]
+            if not found:
+                raise
+            rid = found[0].id
+            return max((r for r in self.records if r.id == rid), key=lambda r: (r.timestamp_ms, r.offset))
+
+    def details(self, record: DeadLetter, payload: bool = False) -> dict[str, Any]:
+        """``record.details()`` and how it was resolved (None: it is not)."""
+        marker = self.markers.get(record.position)
+        return {**record.details(payload), "resolution": None if marker is None else marker.resolution()}
 
     def copies(self, record: DeadLetter) -> list[DeadLetter]:
         return [r for r in self.unresolved() if r.id == record.id]
@@ -202,7 +247,8 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
             "(check kafka.bootstrap_servers / CDC_KAFKA_BOOTSTRAP_SERVERS and that the broker is up)"
         )
 
-    def scan(self) -> Scan:
+    def scan(self, *, from_start: bool = False) -> Scan:
+        """The topic from the bookmark (or, ``from_start``, from its first record) to its current end."""
         consumer, topic, wait = self._consumer, self.topic, self.timeout
         try:
             found = consumer.list_topics(topic, timeout=wait).topics.get(topic)
@@ -215,7 +261,8 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
             for tp in consumer.committed([TopicPartition(topic, p) for p in sorted(found.partitions)], wait):
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), wait)
                 # No bookmark yet, or one from a deleted and re-created topic: from the beginning.
-                ranges[tp.partition] = (tp.offset if low <= tp.offset <= high else low, high)
+                bookmark = low <= tp.offset <= high and not from_start
+                ranges[tp.partition] = (tp.offset if bookmark else low, high)
         except KafkaException as exc:
             raise self._fail(f"{_reason(exc)}, waited {wait:g} s") from exc
         return Scan.of(topic, ranges, self._read(ranges))

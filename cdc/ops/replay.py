@@ -22,6 +22,7 @@ from cdc.errors import DeadLetterError, EventError, MalformedEventError, SinkErr
 from cdc.logs import kafka_log
 from cdc.ops.dlq import (
     REPLAYED_FROM,
+    REPLAYED_TO,
     RESOLVED,
     DeadLetter,
     DeadLetterTopic,
@@ -148,7 +149,7 @@ class _Replayer:
         for record, topic in delivered:
             rid, to = record.id.encode(), topic.encode()
             for copy in self.scan.copies(record):
-                headers: Headers = [(RESOLVED, _at(copy.position).encode()), ("id", rid), ("replayed_to", to)]
+                headers: Headers = [(RESOLVED, _at(copy.position).encode()), ("id", rid), (REPLAYED_TO, to)]
                 # Into the record's own partition: resume_offset's safety rests on it.
                 done = _on(reports, len(targets))
                 producer.produce(dlq, None, None, copy.partition, on_delivery=done, headers=headers)

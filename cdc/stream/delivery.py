@@ -10,9 +10,18 @@ large for Kafka goes reduced, so that one always fits.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from typing import Any
 
-from cdc.errors import CdcError, DeliveryError, EventError, EventTooLargeError, MalformedEventError
+from cdc.errors import (
+    CdcError,
+    DeadLetterFloodError,
+    DeliveryError,
+    EventError,
+    EventTooLargeError,
+    MalformedEventError,
+)
 from cdc.stream.refusals import error_text, record_digest, worst_case_size
 from cdc.stream.route import OutboxEvent, parse_headers
 from cdc.stream.sink import DeliveryCallback, Headers, ProducerStoppedError
@@ -160,6 +169,30 @@ class Delivery(Waits):
             self._send(topic, short_key, None, reduced, on_delivery)
         txn.sent()
         self.dead_lettered_by_reason[reason] += 1
+        if self._dead_letter_times is not None:
+            self._count_toward_brake(self._dead_letter_times)
+
+    def _count_toward_brake(self, times: deque[float]) -> None:
+        """The poison-flood brake: ``max_dead_letters`` (the deque's length) within ``dead_letter_window``
+        seconds, and the run stops once this source transaction is whole (pipeline, at its Commit): stopping
+        inside it would replay it after every restart, so a transaction of more bad events than the limit
+        would never be confirmed."""
+        now = time.monotonic()
+        times.append(now)
+        window = self.settings.dead_letter_window
+        if self._flood is not None or len(times) < (times.maxlen or 0) or now - times[0] > window:
+            return
+        self._flood = DeadLetterFloodError(
+            f"{len(times)} dead letters within {now - times[0]:.1f} s (max_dead_letters = {len(times)} per "
+            f"dead_letter_window = {window:g} s): stopped after confirming what Kafka acknowledged; "
+            f"`cdc dlq list` shows them in {self.settings.dlq_topic}"
+        )
+        log.error(
+            "poison-flood brake: %d dead letters within %.1f s; stopping at the end of transaction %s",
+            len(times),
+            now - times[0],
+            self._txn_xid.decode(),
+        )
 
 
 def _traced(delivered: DeliveryCallback, event_id: str | bytes | None) -> DeliveryCallback:

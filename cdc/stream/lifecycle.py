@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import TYPE_CHECKING, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc.avro.encoder import AvroEncoder
-from cdc.avro.store import SchemaStore
+from cdc.avro.reload import SchemaSet
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
     DeliveryError,
@@ -63,14 +62,16 @@ class Lifecycle(Delivery):
     def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
         self.settings = settings
         self.router = EventRouter(settings)
-        store = SchemaStore(settings.schemas_dir)
-        self.encoder = AvroEncoder(store)
+        # Checked as `cdc schemas check` does (a ConfigError when it fails), re-read on a miss or SIGHUP.
+        self.schemas = SchemaSet(settings.schemas_dir, settings.schema_compatibility)
+        self.encoder = self.schemas.encoder
+        self._reload_requested = False
         self.registry: SchemaRegistry | None = None
         if settings.value_format == "confluent":
             # Imported only here: the registry client's HTTP stack costs start-up time and ~15 MB of RSS.
             from cdc.avro.registry import SchemaRegistry
 
-            self.registry = SchemaRegistry.from_settings(settings, store)
+            self.registry = SchemaRegistry.from_settings(settings, self.schemas.store)
         self.sink = sink or KafkaSink(settings)
         self.latency = AckLatency()
         self.tracker = AckTracker(latency=self.latency)
@@ -85,6 +86,9 @@ class Lifecycle(Delivery):
         self._txn_ts_ms = 0
         self.published_by_topic: defaultdict[str, int] = defaultdict(int)
         self.dead_lettered_by_reason: defaultdict[str, int] = defaultdict(int)
+        limit = settings.max_dead_letters
+        self._dead_letter_times: deque[float] | None = deque(maxlen=limit) if limit else None
+        self._flood = None
         self.delivery_errors = 0
         self.ignored_messages = 0  # non-transactional 'outbox' logical messages: not events
         self.reconnects = 0
@@ -120,6 +124,14 @@ class Lifecycle(Delivery):
     def events_dead_lettered(self) -> int:
         return sum(self.dead_lettered_by_reason.values())
 
+    def dead_letters_in_window(self) -> int:
+        """The poison-flood brake's count: dead letters within the last dead_letter_window (0 when off)."""
+        times = self._dead_letter_times
+        if times is None:
+            return 0
+        since = time.monotonic() - self.settings.dead_letter_window
+        return sum(1 for t in tuple(times) if t >= since)  # a copy: the stream's thread appends meanwhile
+
     def not_ready(self) -> list[str]:
         """Why the pipeline is not ready (empty when it is): for /readyz."""
         reasons = []
@@ -132,6 +144,23 @@ class Lifecycle(Delivery):
     def request_stop(self) -> None:
         """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler)."""
         self._stop = True
+
+    def request_schema_reload(self) -> None:
+        """Ask the pipeline to re-read schemas_dir between two reads of the stream (safe to call from a
+        signal handler: SIGHUP)."""
+        self._reload_requested = True
+
+    def _reload_schemas(self, missing: tuple[str, int] | None = None) -> bool:
+        """Re-read schemas_dir: throttled for a ``missing`` (event type, version), else at once (SIGHUP);
+        True when new schemas are in use. Cached routes stay valid: a re-read that changes a loaded version
+        is refused."""
+        schemas = self.schemas
+        changed = schemas.reload_on_miss(*missing) if missing is not None else schemas.reload("SIGHUP")
+        if changed:
+            self.encoder = schemas.encoder
+            if self.registry is not None:
+                self.registry.store = schemas.store
+        return changed
 
     def run(self) -> None:
         """Stream until a stop is requested; raise a CdcError when the pipeline cannot go on."""
@@ -179,6 +208,10 @@ class Lifecycle(Delivery):
                 first = False
         finally:
             self._shutdown()
+        flood = self._flood
+        if flood is not None:  # stopped in order, as at SIGTERM: now the exit code and the line say why
+            flood.lsn = self._confirmable()
+            raise flood
 
     def _reconnect_later(self, exc: Exception, backoff: Backoff) -> None:
         """The connection to PostgreSQL was lost: let Kafka finish what it has, then wait before the next

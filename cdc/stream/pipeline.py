@@ -26,6 +26,7 @@ from cdc.errors import (
     InvalidTopicError,
     MalformedEventError,
     RegistryUnavailableError,
+    SchemaNotFoundError,
     format_lsn,
 )
 from cdc.stream.delivery import _traced
@@ -46,7 +47,7 @@ from cdc.stream.pgoutput import decode, decode_copy_data, decode_insert_tuple
 from cdc.stream.route import MESSAGE_PREFIX, RowFields, event_from_fields, parse_headers
 from cdc.stream.sink import Headers, ProducerStoppedError
 from cdc.stream.source import ReplicationSource
-from cdc.stream.waits import STATUS_MIN_INTERVAL
+from cdc.stream.waits import STATUS_MIN_INTERVAL, StopRequested
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -104,6 +105,9 @@ class Pipeline(Lifecycle):
             elif heartbeat.due(now, self._last_data):
                 heartbeat.emit(now)
             poll(0)
+            if self._reload_requested:
+                self._reload_requested = False
+                self._reload_schemas()
             if tracker.failure is not None or self.sink.fatal_error is not None:
                 self._delivery_failed()
             if ktx.open and self._txn is None and ktx.due(now):
@@ -194,7 +198,11 @@ class Pipeline(Lifecycle):
             )
         v = int(version)
         topic = self.router.topic(at, et)
-        encode = self.encoder.encoder_for(et, v)  # the schema file first: a missing one is the event's fault
+        try:  # the schema first: a missing one is the event's fault, once schemas_dir was re-read
+            encode = self.encoder.encoder_for(et, v)
+        except SchemaNotFoundError:
+            self._reload_schemas((et, v))
+            encode = self.encoder.encoder_for(et, v)  # or the error again, saying what the re-read found
         if self.registry is not None:
             encode = self.encoder.encoder_for(et, v, header=confluent_header(self._schema_id(topic, et, v)))
         self._ensure_topic(topic)
@@ -251,6 +259,11 @@ class Pipeline(Lifecycle):
                 ktx.last_commit_us = txn.commit_time_us
                 if ktx.due(time.monotonic()):
                     self._commit_kafka()
+            if self._flood is not None:
+                # The poison-flood brake: this transaction is whole, so the shutdown can confirm it (and
+                # with exactly-once commit it) and a restart goes on after it.
+                self._stop = True
+                raise StopRequested
         elif isinstance(message, Relation):
             if self.router.relation(message):
                 log.info(

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 from cdc.config import Settings
-from cdc.errors import CdcError, DeliveryError, DeliveryRefusedError, TopicMissingError, format_lsn
+from cdc.errors import (
+    CdcError,
+    DeadLetterFloodError,
+    DeliveryError,
+    DeliveryRefusedError,
+    TopicMissingError,
+    format_lsn,
+)
 from cdc.stream.checkpoint import AckTracker, Transaction
 from cdc.stream.progress import PositionWriter
 from cdc.stream.refusals import GAPLESS_STOP, RefusalLedger, error_code, error_text
@@ -61,6 +68,10 @@ class Waits:
     refusals: RefusalLedger
     position: PositionWriter
     dead_lettered_by_reason: defaultdict[str, int]
+    # The poison-flood brake (max_dead_letters): when the last dead letters were handed over (monotonic;
+    # None: off), and the error that stops the run at the end of the current source transaction.
+    _dead_letter_times: deque[float] | None
+    _flood: DeadLetterFloodError | None
     delivery_errors: int
     _stop: bool
     _source: ReplicationSource | None

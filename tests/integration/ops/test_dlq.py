@@ -13,6 +13,8 @@ from fastavro.schema import parse_schema
 
 from cdc.avro.encoder import MAGIC
 from cdc.avro.store import SchemaStore
+from cdc.ops.discard import who
+from tests.plugins.kafka import read_topic
 from tests.plugins.pipeline import SCHEMAS_DIR, cdc, order_placed, topic_size
 
 PLANT = "PAYLOAD-PLANT-5e1f"  # only ever in the payload: wherever it shows up, the payload was shown
@@ -204,3 +206,86 @@ def test_a_too_large_record_cannot_be_replayed_and_unknown_ids_are_refused(
         assert proc.terminate() == 0
     finally:
         drop_group(kafka_admin, outbox.dlq_topic)
+
+
+def test_discard_resolves_without_a_replay_and_list_counts_what_is_unresolved_per_reason(
+    outbox, pipeline_process, consume, kafka_bootstrap, kafka_admin
+):
+    proc = pipeline_process()
+    proc.wait_streaming()
+    bad = [outbox.event(f"d-{i}", order_placed(f"d-{i}", amount_cents="many")) for i in range(3)]
+    unknown = outbox.event("d-x", {"x": 1}, event_type="NoSuchEvent")
+    outbox.commit([*bad, unknown])
+    assert len(consume(outbox.dlq_topic, 4)) == 4
+    try:
+        summary = cdc(outbox.env, "dlq", "list", "--summary", "--json")
+        assert summary.returncode == 0, summary.stderr
+        assert json.loads(summary.stdout) == {"payload_invalid": 3, "schema_not_found": 1}
+        table = cdc(outbox.env, "dlq", "list")
+        assert table.returncode == 0, table.stderr
+        tail = [line.split() for line in table.stdout.splitlines()[-4:]]
+        assert tail == [
+            ["REASON", "UNRESOLVED"],
+            ["payload_invalid", "3"],
+            ["schema_not_found", "1"],
+            ["total", "4"],
+        ]
+        assert len(json.loads(cdc(outbox.env, "dlq", "list", "--json").stdout)) == 4, "--json: the rows"
+
+        gone = cdc(
+            outbox.env,
+            "dlq",
+            "discard",
+            bad[0].id,
+            bad[1].id,
+            "--reason",
+            "test rows, never real",
+            "--by",
+            "alice",
+        )
+        assert gone.returncode == 0, gone.stderr
+        assert gone.stdout.splitlines() == [
+            f"discarded {e.id} (payload_invalid)"
+            for e in sorted(bad[:2], key=lambda e: position(outbox, kafka_bootstrap, e.id))
+        ]
+        assert topic_size(kafka_bootstrap, outbox.topic("order")) == 0, "nothing published"
+        after = cdc(outbox.env, "dlq", "list", "--summary", "--json")
+        assert json.loads(after.stdout) == {"payload_invalid": 1, "schema_not_found": 1}
+        mine = cdc(outbox.env, "dlq", "discard", unknown.id, "--reason", "type given up")
+        assert mine.returncode == 0, mine.stderr
+
+        shown = cdc(outbox.env, "dlq", "show", bad[0].id)
+        assert shown.returncode == 0, shown.stderr
+        line = next(line for line in shown.stdout.splitlines() if line.startswith("resolution: "))
+        assert line.startswith("resolution: discarded by alice at ")
+        assert line.endswith(": test rows, never real")
+        detail = json.loads(cdc(outbox.env, "dlq", "show", unknown.id, "--json").stdout)["resolution"]
+        assert detail["outcome"] == "discarded" and detail["reason"] == "type given up"
+        assert detail["by"] == who(), "the OS user by default"
+        open_one = cdc(outbox.env, "dlq", "show", bad[2].id)
+        assert "resolution: unresolved" in open_one.stdout
+
+        # The markers: told apart from a replay's by their headers.
+        records = read_topic(kafka_bootstrap, outbox.dlq_topic, 7)
+        markers = [r for r in records if "cdc_dlq_resolved" in r.headers]
+        assert len(markers) == 3
+        assert all(r.value is None and "replayed_to" not in r.headers for r in markers)
+        assert {r.headers["discarded_by"] for r in markers} == {b"alice", who().encode()}
+
+        again = cdc(outbox.env, "dlq", "discard", bad[0].id, "--reason", "twice")
+        assert again.returncode == 1
+        assert again.stderr.strip() == (
+            f"cdc: error: no unresolved dead-letter record with id {bad[0].id}; `cdc dlq list` shows them"
+        )
+        blank = cdc(outbox.env, "dlq", "discard", bad[2].id, "--reason", "  ")
+        assert blank.returncode == 1 and "a discard needs a reason" in blank.stderr
+        assert cdc(outbox.env, "dlq", "discard", bad[2].id).returncode == 2, "--reason is required"
+        assert topic_size(kafka_bootstrap, outbox.dlq_topic) == 7, "no marker for a refused discard"
+        assert proc.terminate() == 0
+    finally:
+        drop_group(kafka_admin, outbox.dlq_topic)
+
+
+def position(outbox, bootstrap, event_id):
+    found = [r for r in read_topic(bootstrap, outbox.dlq_topic, 4) if r.headers["id"] == event_id.encode()]
+    return (found[0].partition, found[0].offset)

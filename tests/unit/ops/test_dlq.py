@@ -205,3 +205,56 @@ def test_replay_needs_ids_or_all_but_not_both(args):
     result = CliRunner().invoke(main, args, env={"CDC_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     assert result.exit_code == 2, result.output
     assert "--all" in result.output
+
+
+def because(partition: int, offset: int, event_id: str, reason: str) -> DeadLetter:
+    pairs = (("error_reason", reason.encode()), ("id", event_id.encode()))
+    return DeadLetter(partition, offset, b"key", b"{}", 1_700_000_000_000, pairs)
+
+
+def test_unresolved_records_are_counted_per_reason_and_a_resolved_one_says_how():
+    discarded = DeadLetter(
+        0,
+        9,
+        None,
+        None,
+        1_700_000_001_000,
+        (
+            ("cdc_dlq_resolved", b"0:2"),
+            ("id", b"b"),
+            ("discarded_by", b"alice"),
+            ("discard_reason", b"test row"),
+        ),
+    )
+    replayed = DeadLetter(
+        1, 9, None, None, 0, (("cdc_dlq_resolved", b"1:1"), ("id", b"c"), ("replayed_to", b"outbox.order"))
+    )
+    scan = scan_of(
+        [
+            because(0, 1, "a", "payload_invalid"),
+            letter(0, 2, "b"),
+            letter(1, 1, "c"),
+            letter(1, 2, "d"),
+            letter(1, 3, "d"),  # a copy: one listed record
+            because(1, 4, "e", "payload_invalid"),
+            because(1, 5, "f", "too_large"),
+            discarded,
+            replayed,
+        ]
+    )
+    assert scan.by_reason() == {"payload_invalid": 2, "schema_not_found": 1, "too_large": 1}
+    with pytest.raises(DeadLetterError, match="no unresolved dead-letter record with id b"):
+        scan.find("b")
+    gone = scan.details(scan.find_any("b"))["resolution"]
+    assert gone == {
+        "outcome": "discarded",
+        "by": "alice",
+        "reason": "test row",
+        "time": "2023-11-14T22:13:21.000Z",
+        "marker": "0:9",
+    }
+    assert scan.details(scan.find_any("1:1"))["resolution"]["outcome"] == "replayed"
+    assert scan.details(scan.find_any("1:1"))["resolution"]["to"] == "outbox.order"
+    assert scan.details(scan.find_any("a"))["resolution"] is None
+    with pytest.raises(DeadLetterError):
+        scan.find_any("zz")

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from cdc.avro.compat import VersionGapError, check_versions
+from cdc.avro.compat import VersionGapError, Violation, check_versions
 from cdc.avro.encoder import AvroEncoder
 from cdc.avro.registry import SchemaRegistry
 from cdc.avro.resolution import InvalidSchemaError
@@ -43,7 +43,8 @@ class CheckReport:
     schemas_dir: Path
     mode: str
     versions: dict[str, list[int]] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # everything wrong, one line each
+    violations: list[Violation] = field(default_factory=list)  # the compatibility problems among them
 
     @property
     def ok(self) -> bool:
@@ -114,8 +115,9 @@ def check_schemas(schemas_dir: str | os.PathLike[str], mode: str) -> CheckReport
             try:
                 violations = check_versions(event_type, by_type[event_type], mode)
             except (VersionGapError, InvalidSchemaError) as exc:
-                report.problems.append(str(exc))
+                report.problems.append(f"{exc} ({root / event_type})")
                 continue
+            report.violations.extend(violations)
             report.problems.extend(str(v) for v in violations)
     return report
 

@@ -155,6 +155,13 @@ def register_schemas(
     unknown = sorted(set(wanted) - set(known))
     if unknown:
         raise ConfigError(f"no schemas in {store.schemas_dir} for event type(s) {', '.join(unknown)}")
+    # Nothing reaches the registry unless every version to register is valid Avro.
+    if failures := store.check_all(wanted):
+        raise ConfigError(
+            f"{len(failures)} schema file(s) in {store.schemas_dir} cannot be used, nothing was registered "
+            f"(`cdc schemas check` lists every problem): {'; '.join(map(str, failures))}",
+            key="schemas_dir",
+        )
     out: list[Registered] = []
     for event_type in wanted:
         targets = [*topics]

@@ -20,6 +20,7 @@ from cdc.avro.encoder import AvroEncoder
 from cdc.avro.store import SchemaStore
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
+    ConfigError,
     DeliveryError,
     DeliveryRefusedError,
     ProducerFencedError,
@@ -140,6 +141,7 @@ class Lifecycle(Delivery):
             s.table,
             s.kafka.bootstrap_servers,
         )
+        self._check_schemas()
         self.sink.check_broker(s.startup_timeout)
         backoff = self._backoff
         first = True
@@ -175,6 +177,17 @@ class Lifecycle(Delivery):
                 first = False
         finally:
             self._shutdown()
+
+    def _check_schemas(self) -> None:
+        """Every file in schemas_dir must be valid Avro before anything streams (the check of ``cdc schemas
+        check``): a broken one would send each of its events to the dead-letter topic."""
+        failures = self.encoder.store.check_all()
+        if failures:
+            raise ConfigError(
+                f"{len(failures)} schema file(s) in {self.settings.schemas_dir} cannot be used (the pipeline "
+                f"does not start; `cdc schemas check` lists every problem): {'; '.join(map(str, failures))}",
+                key="schemas_dir",
+            )
 
     def _reconnect_later(self, exc: Exception, backoff: Backoff) -> None:
         """The connection to PostgreSQL was lost: let Kafka finish what it has, then wait before the next

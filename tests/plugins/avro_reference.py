@@ -41,7 +41,9 @@ def avro_reference() -> Verdicts:
         check=False,
     )
     if built.returncode != 0:
-        service_missing(f"stack/stack.sh avro-reference failed: {(built.stderr or built.stdout).strip()[-2000:]}")
+        service_missing(
+            f"stack/stack.sh avro-reference failed: {(built.stderr or built.stdout).strip()[-2000:]}"
+        )
     build = Path(os.environ.get("CDC_STACK_DIR", ROOT / ".stack")) / "avro-reference" / "build"
     classpath = f"{build / 'classes'}{os.pathsep}{build / 'lib' / '*'}"
 

@@ -245,3 +245,30 @@ def test_a_type_alias_must_end_in_a_name_as_java_demands() -> None:
     with pytest.raises(InvalidSchemaError) as info:
         validate_schema(event(fld("m", {**MONEY, "aliases": ["a-b"]})))
     assert (info.value.path, info.value.rule) == ("fields[0].type.aliases[0]", "alias")
+
+
+# -- one validation for check, run and register ---------------------------------------------------------
+
+
+class _NoRegistry:
+    strategy = "topic_record"
+
+    def register_all(self, topic: str, event_type: str) -> Any:
+        raise AssertionError("a schema reached the registry")
+
+
+def test_register_refuses_before_anything_reaches_the_registry(tmp_path: Path) -> None:
+    from cdc.avro.catalog import register_schemas
+    from cdc.config import load_settings
+    from cdc.errors import ConfigError
+
+    root = write(
+        tmp_path, event(fld("ok", "int")), event(fld("ok", "int"), fld("u", ["int", "int"], default=1))
+    )
+    settings = load_settings(
+        config_file=None, environ={}, overrides={"schemas_dir": str(root)}, require_database=False
+    )
+    with pytest.raises(ConfigError) as info:
+        register_schemas(settings, aggregate_types=["order"], topics=[], registry=_NoRegistry())  # type: ignore[arg-type]
+    assert "nothing was registered" in str(info.value)
+    assert str(root / "Event" / "v2.avsc") in str(info.value) and "(rule: union-duplicate)" in str(info.value)

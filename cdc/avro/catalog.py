@@ -122,6 +122,26 @@ def check_schemas(schemas_dir: str | os.PathLike[str], mode: str) -> CheckReport
     return report
 
 
+def target_topics(
+    settings: Settings, strategy: str, event_type: str, aggregate_types: list[str], topics: list[str]
+) -> list[str]:
+    """The topics whose subjects hold ``event_type``: ``topics``, and the template's topic of each aggregate
+    type; with the record strategy one (any) topic, as the subject is the record's name."""
+    targets = [*topics]
+    targets += [
+        settings.topic_template.format(aggregate_type=a, event_type=event_type) for a in aggregate_types
+    ]
+    if strategy == "record":
+        return targets[:1] or [""]  # one subject per record, whatever the topic
+    if not targets:
+        raise ConfigError(
+            f"subject_name_strategy {strategy!r} names subjects after topics: give --topic or "
+            "--aggregate-type (or use subject_name_strategy = 'record')",
+            key="subject_name_strategy",
+        )
+    return list(dict.fromkeys(targets))
+
+
 @dataclass(frozen=True)
 class Registered:
     event_type: str
@@ -164,19 +184,7 @@ def register_schemas(
         )
     out: list[Registered] = []
     for event_type in wanted:
-        targets = [*topics]
-        targets += [
-            settings.topic_template.format(aggregate_type=a, event_type=event_type) for a in aggregate_types
-        ]
-        if registry.strategy == "record":
-            targets = targets[:1] or [""]  # one subject per record, whatever the topic
-        elif not targets:
-            raise ConfigError(
-                f"subject_name_strategy {registry.strategy!r} names subjects after topics: give --topic or "
-                "--aggregate-type (or use subject_name_strategy = 'record')",
-                key="subject_name_strategy",
-            )
-        for topic in dict.fromkeys(targets):
+        for topic in target_topics(settings, registry.strategy, event_type, aggregate_types, topics):
             for version, subject, schema_id in registry.register_all(topic, event_type):
                 out.append(Registered(event_type, version, subject, schema_id))
     return out

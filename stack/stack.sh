@@ -9,6 +9,8 @@
 #   stack/stack.sh clean    down, then remove the stack's state (the Kafka jars and the registry build too)
 #   stack/stack.sh standby  start a physical standby of the PostgreSQL cluster (port + 100), set up to sync
 #                           failover slots on 17+, and add its multi-host URL to .stack/env
+#   stack/stack.sh avro-reference  build the Java reference of `cdc schemas check` (stack/avro-reference,
+#                           Apache Avro's Java library) into .stack/avro-reference/build, unless built already
 #
 # Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT,
 # CDC_STACK_KAFKA_CONTROLLER_PORT and CDC_STACK_REGISTRY_PORT.
@@ -456,6 +458,31 @@ ensure_registry_built() {
     echo "$want" >"$REGISTRY_HOME/.built"
 }
 
+# The Java reference of the schema checker: built once, again when its pom or source changes (the key).
+AVRO_REFERENCE_HOME=$STACK_DIR/avro-reference
+avro_reference_key() {
+    find "$ROOT/stack/avro-reference" -type f \( -name pom.xml -o -name '*.java' \) -print0 | sort -z |
+        xargs -0 cat | sha256sum | cut -d' ' -f1
+}
+
+ensure_avro_reference_built() {
+    ensure_java
+    local want
+    want=$(avro_reference_key)
+    if [ -d "$AVRO_REFERENCE_HOME/build/classes" ] &&
+        [ "$(cat "$AVRO_REFERENCE_HOME/.built" 2>/dev/null)" = "$want" ]; then
+        return 0
+    fi
+    command -v mvn >/dev/null 2>&1 || apt_install maven
+    say "building the Avro reference (org.apache.avro:avro, Java) from Maven Central's jars"
+    rm -rf "$AVRO_REFERENCE_HOME"
+    mkdir -p "$AVRO_REFERENCE_HOME"
+    mvn -B -f "$ROOT/stack/avro-reference/pom.xml" package -Dreference.build.dir="$AVRO_REFERENCE_HOME/build" \
+        >"$STACK_DIR/logs/avro-reference-maven.log" 2>&1 ||
+        fail "mvn could not build stack/avro-reference" "$STACK_DIR/logs/avro-reference-maven.log"
+    echo "$want" >"$AVRO_REFERENCE_HOME/.built"
+}
+
 registry_running() { [ -f "$REGISTRY_PID" ] && kill -0 "$(cat "$REGISTRY_PID")" 2>/dev/null; }
 
 # The Confluent-compatible API answers with the subjects, a JSON array.
@@ -599,8 +626,13 @@ case "${1:-}" in
         write_env
         say "standby ready on 127.0.0.1:$PG_STANDBY_PORT; CDC_STACK_PG_FAILOVER_URL in $STACK_DIR/env"
         ;;
+    avro-reference)
+        mkdir -p "$STACK_DIR/logs"
+        ensure_avro_reference_built
+        say "avro reference built: $AVRO_REFERENCE_HOME/build"
+        ;;
     *)
-        echo "usage: stack/stack.sh up|down|status|clean|standby" >&2
+        echo "usage: stack/stack.sh up|down|status|clean|standby|avro-reference" >&2
         exit 2
         ;;
 esac

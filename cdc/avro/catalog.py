@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from cdc.avro.compat import VersionGapError, check_versions
+from cdc.avro.compat import VersionGapError, Violation, check_versions
 from cdc.avro.encoder import AvroEncoder
 from cdc.avro.resolution import InvalidSchemaError
 from cdc.avro.store import SCHEMA_FILE, SchemaStore
@@ -45,7 +45,8 @@ class CheckReport:
     schemas_dir: Path
     mode: str
     versions: dict[str, list[int]] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # everything wrong, one line each
+    violations: list[Violation] = field(default_factory=list)  # the compatibility problems among them
 
     @property
     def ok(self) -> bool:
@@ -116,10 +117,31 @@ def check_schemas(schemas_dir: str | os.PathLike[str], mode: str) -> CheckReport
             try:
                 violations = check_versions(event_type, by_type[event_type], mode)
             except (VersionGapError, InvalidSchemaError) as exc:
-                report.problems.append(str(exc))
+                report.problems.append(f"{exc} ({root / event_type})")
                 continue
+            report.violations.extend(violations)
             report.problems.extend(str(v) for v in violations)
     return report
+
+
+def target_topics(
+    settings: Settings, strategy: str, event_type: str, aggregate_types: list[str], topics: list[str]
+) -> list[str]:
+    """The topics whose subjects hold ``event_type``: ``topics``, and the template's topic of each aggregate
+    type; with the record strategy one (any) topic, as the subject is the record's name."""
+    targets = [*topics]
+    targets += [
+        settings.topic_template.format(aggregate_type=a, event_type=event_type) for a in aggregate_types
+    ]
+    if strategy == "record":
+        return targets[:1] or [""]  # one subject per record, whatever the topic
+    if not targets:
+        raise ConfigError(
+            f"subject_name_strategy {strategy!r} names subjects after topics: give --topic or "
+            "--aggregate-type (or use subject_name_strategy = 'record')",
+            key="subject_name_strategy",
+        )
+    return list(dict.fromkeys(targets))
 
 
 @dataclass(frozen=True)
@@ -157,21 +179,16 @@ def register_schemas(
     unknown = sorted(set(wanted) - set(known))
     if unknown:
         raise ConfigError(f"no schemas in {store.schemas_dir} for event type(s) {', '.join(unknown)}")
+    # Nothing reaches the registry unless every version to register is valid Avro.
+    if failures := store.check_all(wanted):
+        raise ConfigError(
+            f"{len(failures)} schema file(s) in {store.schemas_dir} cannot be used, nothing was registered "
+            f"(`cdc schemas check` lists every problem): {'; '.join(map(str, failures))}",
+            key="schemas_dir",
+        )
     out: list[Registered] = []
     for event_type in wanted:
-        targets = [*topics]
-        targets += [
-            settings.topic_template.format(aggregate_type=a, event_type=event_type) for a in aggregate_types
-        ]
-        if registry.strategy == "record":
-            targets = targets[:1] or [""]  # one subject per record, whatever the topic
-        elif not targets:
-            raise ConfigError(
-                f"subject_name_strategy {registry.strategy!r} names subjects after topics: give --topic or "
-                "--aggregate-type (or use subject_name_strategy = 'record')",
-                key="subject_name_strategy",
-            )
-        for topic in dict.fromkeys(targets):
+        for topic in target_topics(settings, registry.strategy, event_type, aggregate_types, topics):
             for version, subject, schema_id in registry.register_all(topic, event_type):
                 out.append(Registered(event_type, version, subject, schema_id))
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cdc.avro.resolution import Incompatibility, parse, resolve
+from cdc.avro.resolution import Incompatibility, InvalidSchemaError, Node, parse, resolve
 from cdc.config import MODES  # the setting schema_compatibility takes these
 
 __all__ = ["MODES", "VersionGapError", "Violation", "check_pair", "check_versions"]
@@ -63,8 +63,11 @@ class Violation:
                 text = f"adds {what} without a default{cannot}"
             case "missing-default", False:
                 text = f"removes {what} that {old} readers need and gives no default"
-            case "type-mismatch", _:
+            case "type-mismatch" | "decimal-mismatch", _:
                 text = f"changes {what} from {was} to {now}{cannot}"
+            case "ambiguous-alias", _:
+                several = f"several {writer_v} fields ({p.writer})"
+                text = f"gives {what} a name and aliases that match {several}{cannot}"
             case "enum-symbol", True:
                 text = f"removes enum symbol '{p.writer}' from {what} and has no enum default{cannot}"
             case "enum-symbol", False:
@@ -108,7 +111,9 @@ def check_pair(new: Any, old: Any, mode: str) -> list[Incompatibility]:
 
 
 def check_versions(event_type: str, schemas: dict[int, Any], mode: str) -> list[Violation]:
-    """Check that the versions of ``event_type`` evolve as ``mode`` demands; versions must be 1..N."""
+    """Check that the versions of ``event_type`` evolve as ``mode`` demands; versions must be 1..N.
+
+    A version that is not valid Avro raises InvalidSchemaError naming the event type and the version."""
     directions = _directions(mode)
     gap = f"{event_type}: versions must be contiguous from v1"
     for version in schemas:
@@ -117,7 +122,14 @@ def check_versions(event_type: str, schemas: dict[int, Any], mode: str) -> list[
     for expected in range(1, len(schemas) + 1):
         if expected not in schemas:
             raise VersionGapError(f"{gap}; v{expected} is missing")
-    nodes = {version: parse(schema) for version, schema in schemas.items()}
+    nodes: dict[int, Node] = {}
+    for version, schema in schemas.items():
+        try:
+            nodes[version] = parse(schema)
+        except InvalidSchemaError as exc:
+            raise InvalidSchemaError(
+                exc.path, exc.rule, exc.message, subject=f"{event_type} v{version}"
+            ) from exc
     violations: list[Violation] = []
     for new in range(2, len(nodes) + 1):
         for old in range(1, new) if mode.endswith("_TRANSITIVE") else (new - 1,):

@@ -143,9 +143,9 @@ class SchemaRegistry:
                 raise DeserializationError(
                     f"schema id {schema_id} is not in the schema registry {self.shown_url}"
                 ) from exc
-            raise self._unavailable(f"fetching schema id {schema_id}", exc) from exc
+            raise self.unavailable(f"fetching schema id {schema_id}", exc) from exc
         except Exception as exc:
-            raise self._unavailable(f"fetching schema id {schema_id}", exc) from exc
+            raise self.unavailable(f"fetching schema id {schema_id}", exc) from exc
         # What the registry holds is the record's problem, not the registry's: another producer may have
         # framed its value with a JSON or Protobuf schema, or stored text that is not Avro.
         what = f"schema id {schema_id} in the schema registry {self.shown_url}"
@@ -202,14 +202,15 @@ class SchemaRegistry:
                 raise SchemaRejectedError(
                     f"the schema registry refuses {what} as invalid: {exc.error_message}"
                 ) from exc
-            raise self._unavailable(f"registering {what}", exc) from exc
+            raise self.unavailable(f"registering {what}", exc) from exc
         except Exception as exc:
-            raise self._unavailable(f"registering {what}", exc) from exc
+            raise self.unavailable(f"registering {what}", exc) from exc
         if schema_id is None:
             raise RegistryUnavailableError(f"the schema registry {self.shown_url} returned no id for {what}")
         return schema_id
 
-    def _unavailable(self, doing: str, exc: Exception) -> RegistryUnavailableError:
+    def unavailable(self, doing: str, exc: Exception) -> RegistryUnavailableError:
+        """A failed call, as infrastructure: what it was doing and the registry's answer (no credentials)."""
         if isinstance(exc, SchemaRegistryError):
             why = f"HTTP {exc.http_status_code}: {exc.error_message}"
         else:

@@ -7,12 +7,16 @@ objects (what orjson loads from an ``.avsc``), normalised here: named types are 
 (namespaces and dotted names as in the spec), so references and recursive types work. Non-union schemas match:
 
 - primitives: the same type, or a promotion of the writer's: int to long, float or double; long to float or
-  double; float to double; string to bytes; bytes to string. Logical types are ignored (their underlying
-  type is compared), as in the Java implementation's compatibility check.
-- records: same unqualified name, or one of the reader's aliases equals the writer's unqualified name (only
-  the reader's aliases count). Fields are paired by name, or by a reader field's alias equal to a writer
-  field's name. A writer field that the reader lacks is skipped; a reader field that the writer lacks needs
-  a default. Paired fields are resolved recursively.
+  double; float to double; string to bytes; bytes to string. Logical types are their underlying type, as in
+  the Java implementation's compatibility check, but for one rule of the specification that Java leaves
+  out: two decimals match only if their precisions and scales do (``decimal-mismatch``).
+- records: same unqualified name, or one of the reader's aliases is the writer's full name. An alias is
+  resolved like a name, against the namespace of the type it is an alias of (``"c"`` of ``a.b`` is
+  ``a.c``), and only the reader's aliases count. Fields are paired by name, or by a reader field's alias
+  equal to a writer field's name; a reader field that so names two writer fields (its name and an alias,
+  or two aliases) cannot be resolved (``ambiguous-alias``: Java's check throws). A writer field that the
+  reader lacks is skipped; a reader field that the writer lacks needs a default. Paired fields are
+  resolved recursively.
 - enums: names as for records; a writer symbol that the reader lacks is an error unless the reader's enum
   has a ``default``.
 - fixed: names as for records, and the same size. arrays: items, maps: values, resolved recursively.
@@ -21,19 +25,23 @@ objects (what orjson loads from an ``.avsc``), normalised here: named types are 
   promotion), and that branch must then resolve completely.
 
 Each problem is an :class:`Incompatibility` with a ``rule`` id: ``type-mismatch``, ``missing-default``,
-``enum-symbol``, ``fixed-size``, ``name-mismatch``, ``union-branch``. Its ``path`` says where, with fields
+``enum-symbol``, ``fixed-size``, ``name-mismatch``, ``union-branch``, ``decimal-mismatch``,
+``ambiguous-alias``. Its ``path`` says where, with fields
 joined by ``.``, array items as ``[]`` and map values as ``{}``: ``address.city``, ``items[].quantity``,
 ``attrs{}.x``; ``""`` is the top-level schema. Union branches add nothing to the path. Field names in paths
 are the reader's (for a field renamed with an alias, the reader's new name). A named type used in several
 places is checked at each; a recursive type is checked once per (reader, writer) pair on a path, so its
-problems are reported at their shallowest path. A schema that cannot be resolved at all (an undefined or
-twice-defined name, a missing attribute) raises :class:`InvalidSchemaError`.
+problems are reported at their shallowest path. Each schema is checked by
+:func:`cdc.avro.validate.validate_schema` first: one that is not valid Avro raises
+:class:`InvalidSchemaError`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
+
+from cdc.avro.validate import InvalidSchemaError, validate_schema
 
 __all__ = ["Incompatibility", "InvalidSchemaError", "Node", "parse", "reader_can_read", "resolve"]
 
@@ -45,10 +53,6 @@ _PROMOTIONS: dict[str, frozenset[str]] = {
     "string": frozenset({"bytes"}),
     "bytes": frozenset({"string"}),
 }
-
-
-class InvalidSchemaError(ValueError):
-    """The schema is not valid Avro in a way that makes resolution meaningless (e.g. an undefined name)."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,12 @@ class Incompatibility:
 class _Named:
     kind: str  # record | enum | fixed
     fullname: str
-    aliases: frozenset[str]  # unqualified, as names are compared unqualified
+    aliases: frozenset[str]  # full names, each resolved against the type's namespace
     fields: list[_Field] = field(default_factory=list)
     symbols: tuple[str, ...] = ()
     has_default: bool = False
     size: int = 0
+    decimal: tuple[int, int] | None = None  # a fixed's (precision, scale), if it is a valid decimal
 
     @property
     def name(self) -> str:
@@ -107,7 +112,24 @@ class _Union:
     branches: tuple[Node, ...]
 
 
-Node: TypeAlias = str | _Array | _Map | _Union | _Named
+@dataclass(frozen=True)
+class _Decimal:  # bytes with a valid decimal logical type: bytes, but for the decimal-mismatch rule
+    precision: int
+    scale: int
+
+
+Node: TypeAlias = str | _Array | _Map | _Union | _Named | _Decimal
+
+
+def _decimal(schema: dict[str, Any]) -> tuple[int, int] | None:
+    # What validate_schema left is valid; an invalid decimal lost its logicalType there.
+    if schema.get("logicalType") != "decimal":
+        return None
+    return int(schema["precision"]), int(schema.get("scale", 0))
+
+
+def _kind(node: Node) -> Node:  # a decimal's underlying type
+    return "bytes" if isinstance(node, _Decimal) else node
 
 
 class _Parser:
@@ -127,30 +149,34 @@ class _Parser:
                 return _Array(self.parse(_require(schema, "items"), namespace))
             if kind == "map":
                 return _Map(self.parse(_require(schema, "values"), namespace))
+            if kind == "bytes" and (decimal := _decimal(schema)) is not None:
+                return _Decimal(*decimal)
             # {"type": "long", "logicalType": ...} and wrapped references resolve like their "type".
             if isinstance(kind, str | list | dict):
                 return self.parse(kind, namespace)
-        raise InvalidSchemaError(f"not an Avro schema: a JSON {type(schema).__name__} without a valid 'type'")
+        raise InvalidSchemaError(
+            "", "schema", f"not an Avro schema: a JSON {type(schema).__name__} without a valid 'type'"
+        )
 
     def _lookup(self, ref: str, namespace: str) -> _Named:
         candidates = [ref] if "." in ref or not namespace else [f"{namespace}.{ref}", ref]
         for fullname in candidates:
             if fullname in self.names:
                 return self.names[fullname]
-        raise InvalidSchemaError(f"type {ref!r} is not defined before its use")
+        raise InvalidSchemaError("", "undefined-name", f"type {ref!r} is not defined before its use")
 
     def _named(self, kind: str, schema: dict[str, Any], namespace: str) -> _Named:
         name = _require(schema, "name")
         if not isinstance(name, str) or not name:
-            raise InvalidSchemaError(f"a {kind} needs a non-empty string 'name'")
+            raise InvalidSchemaError("", "name", f"a {kind} needs a non-empty string 'name'")
         if "." in name:
-            fullname, namespace = name, name.rpartition(".")[0]
+            namespace, _, name = name.rpartition(".")
         else:
             namespace = (schema["namespace"] if "namespace" in schema else namespace) or ""
-            fullname = f"{namespace}.{name}" if namespace else name
+        fullname = f"{namespace}.{name}" if namespace else name
         if fullname in self.names:
-            raise InvalidSchemaError(f"type {fullname!r} is defined twice")
-        aliases = frozenset(str(a).rpartition(".")[2] for a in schema.get("aliases", ()))
+            raise InvalidSchemaError("", "defined-once", f"type {fullname!r} is defined twice")
+        aliases = frozenset(_alias(a, namespace) for a in schema.get("aliases", ()))
         node = _Named(kind, fullname, aliases)
         # Registered before its fields are parsed, so that a field may refer to its own record.
         self.names[fullname] = node
@@ -164,17 +190,29 @@ class _Parser:
             node.has_default = "default" in schema
         else:
             node.size = int(_require(schema, "size"))
+            node.decimal = _decimal(schema)
         return node
+
+
+def _alias(alias: str, namespace: str) -> str:
+    """The full name an alias stands for, as Java resolves it: relative to the type's namespace when it has no
+    dot; an empty namespace before the dot (".Old") is the null namespace, which Java's check then never
+    matches from a type that has a namespace (it compares ".Old" with the writer's full name)."""
+    if "." not in alias:
+        return f"{namespace}.{alias}" if namespace else alias
+    space, _, short = alias.rpartition(".")
+    return f"{space}.{short}" if space else (f".{short}" if namespace else short)
 
 
 def _require(obj: Any, key: str) -> Any:
     if not isinstance(obj, dict) or key not in obj:
-        raise InvalidSchemaError(f"a schema object lacks its {key!r} attribute")
+        raise InvalidSchemaError("", "missing-attribute", f"a schema object lacks its {key!r} attribute")
     return obj[key]
 
 
 def parse(schema: Any) -> Node:
-    return _Parser().parse(schema, "")
+    """The resolution form of ``schema``; InvalidSchemaError when it is not valid Avro."""
+    return _Parser().parse(validate_schema(schema), "")
 
 
 def _describe(node: Node) -> str:
@@ -186,15 +224,18 @@ def _describe(node: Node) -> str:
         return f"map<{_describe(node.values)}>"
     if isinstance(node, _Union):
         return "[" + ", ".join(_describe(b) for b in node.branches) + "]"
+    if isinstance(node, _Decimal):
+        return f"decimal({node.precision}, {node.scale})"
     return f"{node.kind} {node.name}"
 
 
 def _names_match(reader: _Named, writer: _Named) -> bool:
-    return writer.name == reader.name or writer.name in reader.aliases
+    return writer.name == reader.name or writer.fullname in reader.aliases
 
 
 def _matches(reader: Node, writer: Node) -> bool:
     """The spec's notion of "match", which picks a reader union's branch before recursive resolution."""
+    reader, writer = _kind(reader), _kind(writer)
     if isinstance(reader, str) and isinstance(writer, str):
         return reader == writer or reader in _PROMOTIONS.get(writer, frozenset())
     if isinstance(reader, _Array) and isinstance(writer, _Array):
@@ -204,6 +245,9 @@ def _matches(reader: Node, writer: Node) -> bool:
     if isinstance(reader, _Named) and isinstance(writer, _Named) and reader.kind == writer.kind:
         return _names_match(reader, writer) and (reader.kind != "fixed" or reader.size == writer.size)
     return False
+
+
+_DECIMALS = "decimals match only with equal precision and scale (the specification; Java ignores it)."
 
 
 class _Checker:
@@ -244,6 +288,9 @@ class _Checker:
         elif not _matches(reader, writer):
             template = "The writer's {w} cannot be read as the reader's {r}."
             self.mismatch(path, "type-mismatch", writer, reader, template)
+        elif isinstance(reader, _Decimal) and isinstance(writer, _Decimal) and reader != writer:
+            template = "The writer's {w} is not the reader's {r}: " + _DECIMALS
+            self.mismatch(path, "decimal-mismatch", writer, reader, template)
 
     def named(self, reader: _Named, writer: _Named, path: str) -> None:
         same = _names_match(reader, writer)
@@ -253,6 +300,14 @@ class _Checker:
         if reader.kind == "fixed" and reader.size != writer.size:
             message = f"The writer's fixed has size {writer.size} but the reader's has size {reader.size}."
             self.add(path, "fixed-size", message, str(writer.size), str(reader.size))
+        elif (
+            reader.kind == "fixed"
+            and None not in (reader.decimal, writer.decimal)
+            and reader.decimal != writer.decimal
+        ):
+            w, r = (f"decimal{d}".replace(" ", "") for d in (writer.decimal, reader.decimal))
+            message = f"The writer's {w} is not the reader's {r}: {_DECIMALS}"
+            self.add(path, "decimal-mismatch", message, w, r)
         elif reader.kind == "enum" and same and not reader.has_default:
             for symbol in writer.symbols:
                 if symbol not in reader.symbols:
@@ -268,12 +323,17 @@ class _Checker:
     def record(self, reader: _Named, writer: _Named, path: str) -> None:
         writer_fields = {f.name: f for f in writer.fields}
         for rf in reader.fields:
-            wf = writer_fields.get(rf.name)
-            if wf is None:
-                wf = next((writer_fields[a] for a in rf.aliases if a in writer_fields), None)
+            # As Java's lookupWriterField: the name and each alias may each find a writer field.
+            found = [writer_fields[n] for n in (rf.name, *rf.aliases) if n in writer_fields]
             field_path = f"{path}.{rf.name}" if path else rf.name
-            if wf is not None:
-                self.check(rf.type, wf.type, field_path)
+            if len(found) > 1:
+                names = ", ".join(f.name for f in found)
+                message = (
+                    f"The reader's field {rf.name} names several writer fields ({names}) by name and aliases."
+                )
+                self.add(field_path, "ambiguous-alias", message, names, rf.name)
+            elif found:
+                self.check(rf.type, found[0].type, field_path)
             elif not rf.has_default:
                 message = f"The reader's field {rf.name} is not in the writer's record and has no default."
                 self.add(field_path, "missing-default", message)

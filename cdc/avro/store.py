@@ -5,9 +5,12 @@ registry (:mod:`cdc.avro.registry`) registers its text, the deserializer (:mod:`
 a writer's schema by its fingerprint, and ``cdc schemas`` (:mod:`cdc.avro.catalog`) checks the directory as
 a whole (the layout: ``schemas/README.md``).
 
-A schema file that is missing, unreadable, not valid Avro, or not a record named after its event type is a
-SchemaNotFoundError: the event goes to the DLQ (``schema_not_found``) and the stream goes on. Failures are not
-cached, so a fixed file is picked up.
+Every file is checked by :func:`cdc.avro.validate.validate_schema` (valid Avro for the specification and for
+Java) before fastavro parses what Avro makes of it. A schema file that is missing, unreadable, not valid Avro,
+or not a record named after its event type is a SchemaNotFoundError naming the file, and for invalid Avro the
+JSON path and the rule: ``cdc run`` refuses to start with one (:meth:`SchemaStore.check_all`); one that turns
+bad later sends its events to the DLQ (``schema_not_found``) and the stream goes on. Failures are not cached,
+so a fixed file is picked up.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -22,6 +26,7 @@ from typing import Any, Final
 import orjson
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
+from cdc.avro.validate import InvalidSchemaError, validate_schema
 from cdc.errors import SchemaNotFoundError
 
 __all__ = ["AVRO_NAME", "SCHEMA_FILE", "SchemaStore", "StoredSchema"]
@@ -68,8 +73,10 @@ class SchemaStore:
             raise SchemaNotFoundError(f"schema for {what}: cannot read {path}: {exc.strerror}") from exc
         try:
             source = orjson.loads(text)
-            parsed = parse_schema(source)
+            parsed = parse_schema(validate_schema(source))
             canonical = to_parsing_canonical_form(parsed)
+        except InvalidSchemaError as exc:
+            raise SchemaNotFoundError(f"schema for {what} in {path} is not valid Avro {exc}") from exc
         except Exception as exc:
             raise SchemaNotFoundError(f"schema for {what} in {path} is not valid Avro: {exc}") from exc
         if not (
@@ -85,6 +92,18 @@ class SchemaStore:
         if known is None or (event_type, version) < (known.event_type, known.version):
             self._by_fingerprint[fp] = stored
         return stored
+
+    def check_all(self, event_types: Collection[str] | None = None) -> list[SchemaNotFoundError]:
+        """Load every schema file (of ``event_types``): the failures, each naming its file and reason."""
+        failures = []
+        for key in self.available():
+            if event_types is not None and key[0] not in event_types:
+                continue
+            try:
+                self.get(*key)
+            except SchemaNotFoundError as exc:
+                failures.append(exc)
+        return failures
 
     def available(self) -> list[tuple[str, int]]:
         """Every ``(event_type, version)`` that has a file in the directory, sorted; files are not parsed."""

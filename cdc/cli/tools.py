@@ -46,9 +46,30 @@ def schemas_list(config_file: Path | None, as_json: bool, **flags: Any) -> None:
     type=click.Choice(MODES, case_sensitive=False),
     help="Compatibility mode (default: the schema_compatibility setting, BACKWARD).",
 )
+@click.option(
+    "--registry",
+    "against_registry",
+    is_flag=True,
+    help="Also check the versions the schema registry does not hold yet against those it holds, with our "
+    "checker and with the registry's, and report where the two disagree (subjects as `register` names them).",
+)
+@click.option("--schema-registry-url", help="Confluent-compatible registry (or CDC_SCHEMA_REGISTRY_URL).")
+@click.option(
+    "--aggregate-type", "aggregate_types", multiple=True, help="With --registry: this aggregate's topic."
+)
+@click.option("--topic", "topics", multiple=True, help="With --registry: this topic's subjects.")
 @handles_errors
-def schemas_check(config_file: Path | None, mode: str | None, **flags: Any) -> None:
-    """Parse every schema, require contiguous versions, check each version against the earlier ones.
+def schemas_check(
+    config_file: Path | None,
+    mode: str | None,
+    against_registry: bool,
+    schema_registry_url: str | None,
+    aggregate_types: tuple[str, ...],
+    topics: tuple[str, ...],
+    **flags: Any,
+) -> None:
+    """Parse every schema, require contiguous versions, check each version against the earlier ones; with
+    --registry, also against the versions the schema registry holds.
 
     Exits 1 when anything is wrong, so it can gate a deploy."""
     from cdc.avro.catalog import check_schemas
@@ -60,13 +81,35 @@ def schemas_check(config_file: Path | None, mode: str | None, **flags: Any) -> N
         click.echo(f"{event_type}: v{', v'.join(map(str, versions))}")
     for problem in report.problems:
         click.echo(f"FAIL: {problem}")
-    if not report.ok:
-        raise SchemaCompatibilityError(
-            f"{len(report.problems)} schema problem(s) in {report.schemas_dir} under {report.mode}"
+    failures = len(report.problems)
+    if against_registry:
+        from dataclasses import replace
+
+        from cdc.avro.deployed import check_deployed
+        from cdc.avro.registry import SchemaRegistry
+        from cdc.avro.store import SchemaStore
+
+        if schema_registry_url is not None:
+            settings = replace(settings, schema_registry_url=schema_registry_url)
+        with SchemaRegistry.from_settings(settings, SchemaStore(settings.schemas_dir)) as registry:
+            deployed = check_deployed(
+                settings, aggregate_types=list(aggregate_types), topics=list(topics), registry=registry
+            )
+        for line in deployed.lines:
+            click.echo(line)
+        for problem in deployed.problems:
+            click.echo(f"FAIL: {problem}")
+        failures += len(deployed.problems) + len(deployed.failing)
+    if failures:
+        where = (
+            f" and the registry {settings.schema_registry_url and deployed.url}" if against_registry else ""
         )
-    click.echo(
-        f"ok: {sum(map(len, report.versions.values()))} schemas in {report.schemas_dir}, {report.mode}"
-    )
+        raise SchemaCompatibilityError(
+            f"{failures} schema problem(s) in {report.schemas_dir}{where} under {report.mode}"
+        )
+    count = sum(map(len, report.versions.values()))
+    checked = f"; {len(deployed.checks)} new version(s) agree with the registry" if against_registry else ""
+    click.echo(f"ok: {count} schemas in {report.schemas_dir}, {report.mode}{checked}")
 
 
 @schemas.command("register")

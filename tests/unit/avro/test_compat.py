@@ -145,9 +145,16 @@ CASES: list[tuple[str, Any, Any, list[tuple[str, str]]]] = [
     ),
     (
         "record-renamed-with-qualified-alias",
-        rec("New", fld("a", "int"), namespace="x", aliases=["y.Old"]),
+        rec("New", fld("a", "int"), namespace="x", aliases=["z.Old"]),
         rec("Old", fld("a", "int"), namespace="z"),
         [],
+    ),
+    (
+        # An alias names a full name: y.Old is not the writer's z.Old (Java agrees).
+        "record-alias-qualified-with-another-namespace",
+        rec("New", fld("a", "int"), namespace="x", aliases=["y.Old"]),
+        rec("Old", fld("a", "int"), namespace="z"),
+        [("name-mismatch", "")],
     ),
     (
         "writer-alias-does-not-count",

@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.plugins.pipeline",
     "tests.plugins.pgcluster",
     "tests.plugins.proxy",
+    "tests.plugins.avro_java",
 ]

@@ -29,7 +29,7 @@ import datetime
 import math
 import re
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from typing import Final
 
 from cdc.avro.runtime import Invalid
@@ -95,6 +95,9 @@ _DECIMAL_TEXT: Final = re.compile(r"[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?\Z", re.A
 _NOT_FINITE: Final = re.compile(r"[+-]?(?:nan|inf|infinity)\Z", re.IGNORECASE)
 
 
+_EXACT: Final = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)  # scaleb in it never rounds
+
+
 def decimal_max_precision(size: int) -> int:
     """The most digits a fixed of ``size`` bytes holds, computed as Apache Avro's Java code does."""
     return math.floor(math.log10(2) * (8 * size - 1)) if size > 0 else 0
@@ -137,26 +140,22 @@ class DecimalForm:
 
     def _unscaled(self, path: Path, label: str, value: Decimal, what: str) -> int:
         """The exact unscaled integer of ``value`` at the schema's scale, or Invalid: nothing is rounded."""
-        sign, digits, exponent = value.as_tuple()
-        if not isinstance(exponent, int):
+        if not value.is_finite():
             raise Invalid(path, f"expects {label}, got NaN or Infinity, which a decimal cannot hold")
-        if not any(digits):
+        if not value:
             return 0
-        shift = exponent + self.scale
-        if shift < 0:  # digits beyond the scale: zeros only
-            digits, dropped = digits[:shift], digits[shift:]
-            if any(dropped):
-                raise Invalid(
-                    path,
-                    f"expects {label}, got {what} with more than {self.scale} digits after the point "
-                    "(it is never rounded)",
-                )
-            shift = 0
-        # Decimal keeps no leading zeros (but for zero itself), so these are the digits of the result.
-        if len(digits) + shift > self.precision:
+        # adjusted(): the exponent of the first digit. Checked first, so that 1e999999999 is never built.
+        if value.adjusted() + 1 + self.scale > self.precision:
             raise Invalid(path, f"expects {label}, got {what} of more than {self.precision} digits")
-        unscaled: int = int("".join(map(str, digits)) or "0") * 10**shift
-        return -unscaled if sign else unscaled
+        scaled = value.scaleb(self.scale, _EXACT)
+        unscaled = int(scaled)
+        if scaled != unscaled:  # a digit beyond the scale that is not a zero
+            raise Invalid(
+                path,
+                f"expects {label}, got {what} with more than {self.scale} digits after the point "
+                "(it is never rounded)",
+            )
+        return unscaled
 
     def _bytes(self, unscaled: int) -> bytes:
         if self.size is not None:  # the precision fits the size (checked with the schema): no overflow
@@ -175,6 +174,7 @@ _DATE_TIME: Final = re.compile(
 _DATE: Final = re.compile(r"(\d{4})-(\d\d)-(\d\d)\Z", re.ASCII)
 _TIME: Final = re.compile(r"(\d\d):(\d\d):(\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d(?::?\d\d){0,2})?\Z", re.ASCII)
 _EPOCH_DAY: Final = datetime.date(1970, 1, 1).toordinal()
+_MICRO: Final = datetime.timedelta(microseconds=1)
 _ISO_DATE_TIME: Final = "an ISO-8601 date-time, YYYY-MM-DDTHH:MM:SS[.ffffff]"
 
 
@@ -203,6 +203,8 @@ def _fraction(path: Path, label: str, digits: str | None, places: int, unit: str
 def _timestamp(label_unit: tuple[int, str], local: bool) -> Reader:
     places, unit = label_unit
     scale = 10**places
+    epoch_naive = datetime.datetime(1970, 1, 1)
+    epoch = epoch_naive.replace(tzinfo=datetime.UTC)
 
     def read(path: Path, label: str, text: str) -> int:
         match = _DATE_TIME.match(text)
@@ -223,11 +225,19 @@ def _timestamp(label_unit: tuple[int, str], local: bool) -> Reader:
                 "as to_jsonb(timestamptz) writes it); a wall-clock time goes in a local-timestamp-millis "
                 "or -micros",
             )
+        if any(part and part > "59" for part in parts[1:]):  # datetime would take +05:60 for +06:00
+            raise Invalid(path, f"expects {label}, got a UTC offset that does not exist")
+        if frac is not None and len(frac) > places:
+            _fraction(path, label, frac, places, unit)  # zeros beyond the unit, or Invalid
+        try:  # the common case, in C; the regular expression made sure of the form
+            since = datetime.datetime.fromisoformat(text) - (epoch_naive if local else epoch)
+            micros: int = since // _MICRO
+            return micros if places == 6 else micros // 1000
+        except (ValueError, OverflowError):  # a lower-case z, a day or an hour that does not exist...
+            pass
         seconds = _days(path, label, year, month, day) * 86400 + _seconds(path, label, hour, minute, second)
         if sign:
             oh, om, os_ = (int(part or 0) for part in parts)
-            if om > 59 or os_ > 59:
-                raise Invalid(path, f"expects {label}, got a UTC offset that does not exist")
             seconds -= (oh * 3600 + om * 60 + os_) * (1 if sign == "+" else -1)
         instant: int = seconds * scale + _fraction(path, label, frac, places, unit)
         return instant

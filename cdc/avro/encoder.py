@@ -6,21 +6,30 @@ writes ``C3 01`` + the 8-byte little-endian CRC-64-AVRO fingerprint of the schem
 the Avro binary body (with a schema registry, ``00`` + the schema id instead: :func:`confluent_header`).
 ``cdc.outbox.emit`` encodes the same way before it writes a row, and ``cdc dlq replay`` before it publishes.
 
-JSON to Avro mapping. Validation is strict: nothing is coerced, every mismatch is a PayloadInvalidError.
+JSON to Avro mapping (the README's table, with examples). Validation is strict: nothing is coerced, every
+mismatch is a PayloadInvalidError.
 
 - null: only ``null``. boolean: only ``true`` / ``false``. string: only strings.
 - int / long: JSON integers in the signed 32 / 64-bit range; not booleans, not numbers with a fraction or
   an exponent (``1.0`` fails; orjson reads integers beyond 64 bits as floats, so those fail too).
 - float / double: any JSON number; float rejects magnitudes above 3.4e38 (they would become infinity).
-- bytes / fixed: a string of code points U+0000..U+00FF, one byte each (ISO-8859-1), as in Avro's JSON
-  encoding and in bytes defaults of schemas; fixed needs exactly ``size`` of them. enum: one of its symbols.
+- bytes / fixed: a string in the ``cdc.encoding`` of the type or of its field: ``latin1`` (the default:
+  code points U+0000..U+00FF, one byte each, as in Avro's JSON encoding), ``base64`` (RFC 4648, padded, line
+  breaks allowed: PostgreSQL's ``encode(b, 'base64')``) or ``hex`` (``\\x0a1b``, a bytea column's text as
+  ``jsonb_build_object`` writes it, or ``0a1b``); fixed needs exactly ``size`` bytes.
+- enum: one of its symbols.
 - array: a JSON array; map: a JSON object; items and values are checked one by one.
 - record: a JSON object. Fields without a default must be present; a field with a default may be left out
   (the default is written), but ``null`` does not mean "left out". Keys that are not fields are an error.
 - union: a plain JSON value (not the Avro-JSON ``{"type": value}`` tag), written with the first branch in
   schema order that accepts it: ``["int", "long"]`` writes 5 as int and 2**40 as long.
-- logical types are their underlying type: timestamp-*, time-* and date take integers, uuid a string, decimal
-  its two's-complement bytes as above.
+- logical types (:mod:`cdc.avro.logical`): decimal takes a JSON number or a decimal string, read exactly
+  (a schema with a decimal is parsed with ``parse_float=Decimal``; others with orjson) and refused when the
+  scale or the precision cannot hold it (never rounded), or, with a ``cdc.encoding``, its two's-complement
+  bytes; timestamp-millis/micros take an integer or ISO-8601 with a UTC offset, local-timestamp-* one
+  without, date ``YYYY-MM-DD``, time-millis/micros ``HH:MM:SS[.ffffff]``, each refused when more precise than
+  its unit (never truncated); uuid a UUID string, on a fixed(16) that or its 16 bytes. A logical type on
+  another Avro type, or another logical type, is its Avro type. Defaults are Avro's JSON encoding only.
 
 Errors name the event type, version, field path (``items[2].quantity``; map values by position,
 ``attrs{#0}``, as map keys are data) and JSON types, never a payload value; an unknown key is named only if it

@@ -1,40 +1,29 @@
 """Compiles a schema into an encoder: straight-line Python that validates a JSON value and writes its Avro.
 
-:mod:`cdc.avro.encoder` calls :func:`check_schema`, then :func:`build`, once per schema it is asked to
-encode with; the function made here writes byte for byte what ``fastavro.schemaless_writer`` writes (the
-tests check it). A schema file is data from a pull request, so it must never become code: fastavro's parser
-lets a fixed's ``size`` be any JSON value and names be any string, hence every attribute the generator reads
-is type-checked first (:func:`check_schema`: size an integer >= 0, names Avro names, symbols a list of them),
-and the generated source holds only names and numbers the generator made itself; every value taken from the
-schema reaches it through its namespace, beside the helpers of :mod:`cdc.avro.runtime`.
+:mod:`cdc.avro.encoder` calls :func:`cdc.avro.kinds.check_schema`, then :func:`build`, once per schema it is
+asked to encode with; the function made here writes byte for byte what ``fastavro.schemaless_writer`` writes
+(the tests check it; a negative decimal of -2**7, -2**15... is a byte shorter, as Java's BigInteger writes
+it). A schema file is data from a pull request, so it must never become code: fastavro's parser lets a
+fixed's ``size`` be any JSON value and names be any string, hence every attribute the generator reads is
+type-checked first (:func:`~cdc.avro.kinds.check_schema`: size an integer >= 0, names Avro names, symbols a
+list of them, a decimal's precision and scale), and the generated source holds only names and numbers the
+generator made itself; every value taken from the schema (the readers of :mod:`cdc.avro.logical` included)
+reaches it through its namespace, beside the helpers of :mod:`cdc.avro.runtime`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, Final
 
-from cdc.avro.logical import (
-    ENCODING,
-    ENCODINGS,
-    TIME_KINDS,
-    DecimalForm,
-    decimal_max_precision,
-    decode_bytes,
-    uuid_fixed,
-    uuid_string,
-)
+from cdc.avro.kinds import LOGICAL, resolve
+from cdc.avro.logical import ENCODING, TIME_KINDS, DecimalForm, decode_bytes, uuid_fixed, uuid_string
 from cdc.avro.runtime import DISPATCH, RUNTIME, VI, Invalid
-from cdc.avro.store import AVRO_NAME
 
-__all__ = ["BadSchema", "EncodeFn", "build", "check_schema", "resolve"]
+__all__ = ["EncodeFn", "build"]
 
 EncodeFn = Callable[[Any, bytearray], None]
-_FULLNAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
-_PRIMITIVE: Final = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
-_AVRO_KINDS: Final = _PRIMITIVE | {"record", "error", "enum", "fixed", "array", "map"}
 _ACCEPTS: Final = {  # kind: the Python types of the JSON values it takes
     **dict.fromkeys(["bytes", "string", "enum", "fixed", "uuid", "uuid-fixed"], "str"),
     **dict.fromkeys(["map", "record", "error"], "dict"),
@@ -46,18 +35,7 @@ _ACCEPTS: Final = {  # kind: the Python types of the JSON values it takes
     "boolean": "bool",
     "array": "list",
 }
-# (Avro type, logicalType): the kind the generator writes for it. Logical types on other types are ignored, as
-# the specification says; with ``strict`` (defaults, which are Avro's JSON encoding) all of them are.
-_PYTYPE: Final = {
-    "Decimal": "_Dec"
-}  # the generated code's names of the types of DISPATCH that are not builtins
-_LOGICAL: Final = {
-    ("bytes", "decimal"): "decimal",
-    ("fixed", "decimal"): "decimal",
-    ("string", "uuid"): "uuid",
-    ("fixed", "uuid"): "uuid-fixed",
-    **{(avro_type, name): name for name, (avro_type, _) in TIME_KINDS.items()},
-}
+_PYTYPE: Final = {"Decimal": "_Dec"}  # the generated code's names of DISPATCH's types that are not builtins
 # The code of each kind, {x} being the variable holding the value; {lab}, {size}, {sym}, {conv}, {num} and {p}
 # are names (or tuples of names) in the generated code's namespace, never the schema's text. "? " marks the
 # JSON type check, left out where a union checked already. Upper-case sections are parts of others: [VARINT]
@@ -171,123 +149,6 @@ class _Restart(Exception):  # a record turned out to be recursive: compile again
     pass
 
 
-class BadSchema(ValueError):  # an attribute the generator reads has the wrong type or form
-    pass
-
-
-def _json_type(value: object) -> str:
-    return DISPATCH.get(type(value).__name__, "object")
-
-
-def _what(value: object) -> str:  # what a value that is not a name is, without its text
-    return "string that is not one" if isinstance(value, str) else _json_type(value)
-
-
-def check_schema(schema: Any, at: str, seen: set[int]) -> None:
-    """Everything of ``schema`` (fastavro's parsed form) the generator reads, type-checked: fastavro accepts a
-    fixed's size of any type and names of any text. ``at`` is the attribute path; the message names it, never
-    the attribute's text, which may be anything."""
-    if isinstance(schema, list):
-        for i, branch in enumerate(schema):
-            check_schema(branch, f"{at}[{i}]", seen)
-        return
-    if not isinstance(schema, dict) or id(schema) in seen:
-        return  # a primitive or a named type's name: fastavro resolved it; a definition is checked once
-    seen.add(id(schema))
-    kind, dot = schema.get("type"), f"{at}." if at else ""
-    if not isinstance(kind, str):
-        return check_schema(kind, f"{dot}type", seen)
-    if kind in ("record", "error", "enum", "fixed"):
-        name = schema.get("name")
-        if not (isinstance(name, str) and _FULLNAME.match(name)):
-            raise BadSchema(
-                f"{dot}name of a {kind} must be a dot-separated Avro name ([A-Za-z_][A-Za-z0-9_]* each, "
-                f"namespace included), got {_what(name)}"
-            )
-    if kind in ("record", "error"):
-        fields = schema.get("fields")
-        if not isinstance(fields, list):
-            raise BadSchema(f"{dot}fields must be an array, got {_json_type(fields)}")
-        names: set[str] = set()
-        for i, f in enumerate(fields):
-            fname = f.get("name") if isinstance(f, dict) else None
-            if not (isinstance(fname, str) and AVRO_NAME.match(fname)):
-                raise BadSchema(
-                    f"{dot}fields[{i}].name must be an Avro name ([A-Za-z_][A-Za-z0-9_]*), got {_what(fname)}"
-                )
-            if fname in names:
-                raise BadSchema(f"{dot}fields[{i}].name {fname!r} is the name of an earlier field")
-            names.add(fname)
-            if ENCODING in f:
-                _check_encoding(f[ENCODING], f"{dot}fields[{i}]")
-                if not _may_hold_bytes(f["type"]):
-                    raise BadSchema(
-                        f"{dot}fields[{i}].{ENCODING} is for bytes and fixed; the field holds none"
-                    )
-            check_schema(f["type"], f"{dot}fields[{i}].type", seen)
-    elif kind == "enum":
-        symbols = schema.get("symbols")
-        names_ok = isinstance(symbols, list) and all(
-            isinstance(v, str) and AVRO_NAME.match(v) for v in symbols
-        )
-        if not names_ok:
-            raise BadSchema(f"{dot}symbols must be an array of Avro names, got {_json_type(symbols)}")
-    elif kind == "fixed":
-        size = schema.get("size")
-        if type(size) is not int or size < 0:
-            got = "integer below 0" if type(size) is int else _json_type(size)
-            raise BadSchema(f"{dot}size must be an integer >= 0, got {got}")
-    elif kind == "array":
-        check_schema(schema.get("items"), f"{dot}items", seen)
-    elif kind == "map":
-        check_schema(schema.get("values"), f"{dot}values", seen)
-    _check_logical(schema, kind, dot)
-
-
-def _check_encoding(value: object, at: str) -> None:
-    if not (isinstance(value, str) and value in ENCODINGS):
-        raise BadSchema(f"{at}.{ENCODING} must be one of {', '.join(ENCODINGS)}, got {_what(value)}")
-
-
-def _may_hold_bytes(schema: Any) -> bool:
-    """Whether a field's type has a bytes or fixed, outside records: a name counts (it may be a fixed)."""
-    if isinstance(schema, list):
-        return any(map(_may_hold_bytes, schema))
-    if isinstance(schema, str):
-        return schema not in _PRIMITIVE or schema == "bytes"
-    if not isinstance(schema, dict):
-        return False
-    kind = schema.get("type")
-    if kind == "array":
-        return _may_hold_bytes(schema.get("items"))
-    if kind == "map":
-        return _may_hold_bytes(schema.get("values"))
-    return kind in ("bytes", "fixed") or not isinstance(kind, str) and _may_hold_bytes(kind)
-
-
-def _check_logical(schema: dict[str, Any], kind: str, dot: str) -> None:
-    """The cdc.encoding of a type, and a decimal's precision and scale (a decimal is money: one that the
-    specification calls invalid is refused, not read as plain bytes as Java's parser would)."""
-    if ENCODING in schema:
-        if kind not in ("bytes", "fixed"):
-            raise BadSchema(f"{dot}{ENCODING} is for bytes and fixed types, not {kind}")
-        _check_encoding(schema[ENCODING], dot.rstrip(".") or "schema")
-    if schema.get("logicalType") != "decimal" or kind not in ("bytes", "fixed"):
-        return
-    precision, scale = schema.get("precision"), schema.get("scale", 0)
-    if type(precision) is not int or precision < 1:
-        got = "integer below 1" if type(precision) is int else _json_type(precision)
-        raise BadSchema(f"{dot}precision of a decimal must be an integer >= 1, got {got}")
-    if type(scale) is not int or not 0 <= scale <= precision:
-        got = "integer out of that range" if type(scale) is int else _json_type(scale)
-        raise BadSchema(f"{dot}scale of a decimal must be an integer from 0 to its precision, got {got}")
-    if kind == "fixed" and precision > (most := decimal_max_precision(schema["size"])):
-        raise BadSchema(
-            f"{dot}precision of a decimal on a fixed of {schema['size']} bytes can be {most} at most, "
-            f"got {precision}"
-        )
-
-
 def build(
     schema: Any, named: dict[str, Any], defaults: _Defaults, recursive: set[str], *, strict: bool = False
 ) -> tuple[EncodeFn, bool]:
@@ -303,23 +164,6 @@ def build(
         exec(compile("\n".join(gen.src), "<cdc.avro generated>", "exec"), gen.ns)  # source made by _Gen
         fn: EncodeFn = gen.ns[name]
         return fn, gen.exact
-
-
-def resolve(schema: Any, named: dict[str, Any], strict: bool) -> tuple[str, Any]:
-    """``(kind, schema)`` for any schema form: a name, a primitive, ``{"type": ...}`` or a union (a list). The
-    kind of a logical type the generator reads is its own (``decimal``, ``timestamp-millis``...)."""
-    while not isinstance(schema, list):
-        if isinstance(schema, str):
-            schema = {"type": schema} if schema in _PRIMITIVE else named[schema]
-        kind = schema["type"]
-        if isinstance(kind, str) and kind in _AVRO_KINDS:
-            logical = schema.get("logicalType")
-            if not strict and type(logical) is str and (own := _LOGICAL.get((kind, logical))):
-                if own != "uuid-fixed" or schema.get("size") == 16:  # uuid annotates a fixed(16) only
-                    return own, schema
-            return kind, schema
-        schema = kind
-    return "union", schema
 
 
 def _tup(path: list[str]) -> str:
@@ -367,7 +211,7 @@ class _Gen:
             )
         if kind == "decimal":
             return f"decimal({schema['precision']},{schema.get('scale', 0)})"
-        if kind in _LOGICAL.values():
+        if kind in LOGICAL.values():
             return "uuid" if kind == "uuid-fixed" else kind
         text = f"{kind} {str(schema['name']).rpartition('.')[2]}" if "name" in schema else kind
         return text + (f" ({enc})" if enc not in (None, "latin1") and kind in ("bytes", "fixed") else "")

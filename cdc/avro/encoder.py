@@ -50,7 +50,8 @@ from typing import Any, Final
 
 import orjson
 
-from cdc.avro.codegen import BadSchema, EncodeFn, build, check_schema
+from cdc.avro.codegen import EncodeFn, build
+from cdc.avro.kinds import BadSchema, check_schema
 from cdc.avro.runtime import Invalid
 from cdc.avro.store import SchemaStore
 from cdc.errors import PayloadInvalidError, SchemaNotFoundError

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from cdc.avro.codegen import resolve
+from cdc.avro.kinds import resolve
 from cdc.avro.logical import ENCODING
 from cdc.avro.runtime import Invalid
 from cdc.errors import PayloadInvalidError

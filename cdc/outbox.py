@@ -4,6 +4,9 @@
 own transaction (where the bug is) instead of reaching the dead-letter topic. It never commits: the row is
 part of whatever the caller's transaction does, which is the point of the outbox.
 
+The payload may hold ``Decimal``, ``datetime``, ``date``, ``time``, ``UUID`` and ``bytes``: they are written
+in the JSON forms the pipeline reads (:mod:`cdc.avro.python_values`; bytes in their field's ``cdc.encoding``).
+
     with psycopg.connect(dsn) as conn, conn.transaction():
         conn.execute("INSERT INTO orders ...")
         emit(conn, aggregate_type="order", aggregate_id="o-1", event_type="OrderPlaced",
@@ -23,6 +26,7 @@ import psycopg
 from psycopg import sql
 
 from cdc.avro.encoder import AvroEncoder
+from cdc.avro.python_values import payload_json
 from cdc.avro.store import SchemaStore
 from cdc.config import ColumnMap, TableRef
 
@@ -66,8 +70,10 @@ def emit(
     Raises SchemaNotFoundError or PayloadInvalidError (nothing is written) when the payload does not fit
     ``event_type`` / ``schema_version``.
     """
-    body = orjson.dumps(payload)
-    _encoder(schemas).encode(event_type, schema_version, body)
+    encoder = _encoder(schemas)
+    stored = encoder.store.get(event_type, schema_version)
+    body = payload_json(stored.parsed, payload, f"{event_type} v{schema_version}")
+    encoder.encode(event_type, schema_version, body)
     event_uuid = uuid7() if event_id is None else uuid.UUID(str(event_id))
     table = table or TableRef()
     cols = columns or ColumnMap()

@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.plugins.pgcluster",
     "tests.plugins.proxy",
     "tests.plugins.avro_reference",
+    "tests.plugins.avro_java",
 ]

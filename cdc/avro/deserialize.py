@@ -12,6 +12,10 @@ against ``OrderPlaced`` v1 passes ``reader_versions={"OrderPlaced": 1}`` and kee
 to v2 (fields it does not know are skipped, fields it knows but the writer lacks take their defaults). Event
 types without a chosen version are read with the writer's own schema.
 
+Logical types come back as Python's own: ``Decimal`` for decimal, ``datetime`` for timestamp-* (aware, in UTC)
+and local-timestamp-* (naive), ``date``, ``time``, and ``UUID`` for uuid, on a string or a fixed(16); bytes
+and fixed as ``bytes``, whatever their ``cdc.encoding`` was in the payload.
+
 Everything that cannot become an event is a :class:`DeserializationError` naming the topic, partition and
 offset, never the payload.
 """
@@ -29,6 +33,7 @@ from fastavro import schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from cdc.avro.encoder import MAGIC, split_confluent
+from cdc.avro.python_values import has_fixed_uuid, python_values
 from cdc.avro.store import SchemaStore
 from cdc.errors import DeserializationError, SchemaNotFoundError
 
@@ -89,6 +94,7 @@ class EventDeserializer:
         self.registry = registry
         self.reader_versions = dict(reader_versions or {})
         self._by_id: dict[int, tuple[str, int | None, Any]] = {}  # schema id -> (event type, version, writer)
+        self._uuids: dict[int, bool] = {}  # id of a reader schema -> whether it has a uuid on a fixed
 
     def close(self) -> None:
         """Close the registry's HTTP session, when this deserializer opened one."""
@@ -168,6 +174,11 @@ class EventDeserializer:
             raise DeserializationError(
                 f"{event_type} v{version} cannot be read as v{read_version}: {type(exc).__name__}: {exc}"
             ) from exc
+        uuids = self._uuids.get(id(reader))
+        if uuids is None:
+            uuids = self._uuids[id(reader)] = has_fixed_uuid(reader)
+        if uuids:  # fastavro returns those as bytes
+            payload = python_values(reader, payload)
         return event_type, version, read_version, payload
 
     def _from_registry(self, schema_id: int) -> tuple[str, int | None, Any]:

@@ -7,7 +7,9 @@ turns it into a PayloadInvalidError that names the field path, never a payload v
 
 from __future__ import annotations
 
+import math
 import struct
+from decimal import Decimal
 from typing import Any, Final
 
 from cdc.avro.store import AVRO_NAME
@@ -22,6 +24,7 @@ DISPATCH: Final = {  # Python type name of a JSON value: its JSON name. Unions t
     "float": "number",
     "list": "array",
     "bool": "boolean",
+    "Decimal": "number",  # the numbers of a schema with a decimal, which are parsed exactly
 }
 
 
@@ -66,4 +69,6 @@ RUNTIME: Final[dict[str, Any]] = {
     "_unknown": unknown,
     "_pf": struct.Struct("<f").pack,
     "_pd": struct.Struct("<d").pack,
+    "_Dec": Decimal,
+    "_inf": math.inf,
 }

@@ -291,6 +291,10 @@ class Pipeline(Lifecycle):
                 except MalformedEventError as exc:
                     self._dead_letter_raw(exc, self.router.salvage_message(message.content))
                     return
+                id_, aggregate_type, aggregate_id, event_type, version, _, headers = fields
+                if self.encoder.reads_exactly(event_type.decode(), int(version)):  # a decimal: its digits
+                    payload = self.router.exact_payload(message.content)
+                    fields = (id_, aggregate_type, aggregate_id, event_type, version, payload, headers)
                 self._emit(fields)
         elif isinstance(message, Update | Delete | Truncate):
             log.debug("ignored %s on a published table: only inserts are events", type(message).__name__)

@@ -6,11 +6,14 @@ map, presets ``default`` and ``debezium``), and a transactional logical decoding
 deletes and truncates of the outbox, other prefixes) is not an event.
 
 Column values arrive as the text output of their types (bytes). The payload stays the bytes PostgreSQL sent
-(``jsonb`` text output) and is parsed once, by the encoder.
+(``jsonb`` text output) and is parsed once, by the encoder. A message's payload is parsed with the message
+and written again, which turns its numbers with a fraction into floats; for a schema with a decimal, read
+from the digits written, :meth:`EventRouter.exact_payload` cuts the payload's own text out of the message.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -182,6 +185,23 @@ class EventRouter:
             orjson.dumps(headers) if isinstance(headers, dict) else None,
         )
 
+    @staticmethod
+    def exact_payload(content: bytes) -> bytes:
+        """The text of the ``payload`` of an outbox message that :meth:`message_fields` accepted, as written
+        (the last one, as orjson reads duplicate keys)."""
+        text, found = content.decode(), ""
+        i = _skip_ws(text, 0) + 1  # past the "{" of the object message_fields checked
+        while text[i := _skip_ws(text, i)] == '"':
+            name, i = _scan_string(text, i + 1)
+            start = _skip_ws(text, _skip_ws(text, i) + 1)  # past the ":"
+            _, i = _scan_value(text, start)
+            if name == "payload":
+                found = text[start:i]
+            if text[i := _skip_ws(text, i)] != ",":
+                break  # the "}"
+            i += 1
+        return found.encode()
+
     def topic(self, aggregate_type: str, event_type: str) -> str:
         """The event's topic. Its names come from the row, so a name that makes no legal topic (a space,
         a '/', non-ASCII, over 249 characters) is the event's fault: InvalidTopicError, never cached."""
@@ -199,6 +219,17 @@ class EventRouter:
                 del topics[next(iter(topics))]
             topics[key] = topic
         return topic
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_scan_string = json.decoder.scanstring  # type: ignore[attr-defined]
+_scan_value = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set by its __init__
+
+
+def _skip_ws(text: str, i: int) -> int:
+    match = _WS.match(text, i)
+    assert match is not None  # it matches the empty string
+    return match.end()
 
 
 def _shown(name: str) -> str:

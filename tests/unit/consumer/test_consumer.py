@@ -3,7 +3,10 @@ registry and is tested in tests/integration/test_framing.py)."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +128,42 @@ def test_the_first_header_of_a_name_is_the_one_read() -> None:
     message = Message(encoded(1, V1), [("id", b"e-1"), ("event_type", b"OrderPlaced"), ("id", b"req-42")])
     event = EventDeserializer(SCHEMAS)(message)
     assert event.id == "e-1" and event.headers["id"] == "e-1"
+
+
+def test_logical_types_come_back_as_python_types(tmp_path: Path) -> None:
+    """Decimal, datetime, date, time and UUID, on a string and on a fixed(16) (fastavro: bytes)."""
+    fields = [
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "local", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "t", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "uid", "type": {"type": "fixed", "name": "U", "size": 16, "logicalType": "uuid"}},
+        {"name": "ids", "type": {"type": "array", "items": ["null", "U"]}},
+    ]
+    (tmp_path / "Paid").mkdir()
+    schema = {"type": "record", "name": "Paid", "namespace": "t", "fields": fields}
+    (tmp_path / "Paid" / "v1.avsc").write_text(json.dumps(schema))
+    payload = {
+        "amount": 2.56,
+        "at": 1764740482817479,
+        "local": 0,
+        "day": 1,
+        "t": 1000,
+        "id": "0d5c0b0e-0000-4000-8000-00000000000a",
+        "uid": "\u0000" * 15 + "\u00ff",
+        "ids": [None, "\u0000" * 15 + "\u0007"],
+    }
+    value = AvroEncoder(SchemaStore(tmp_path)).encode("Paid", 1, json.dumps(payload))
+    event = EventDeserializer(tmp_path)(Message(value))
+    assert event.payload == {
+        "amount": decimal.Decimal("2.56"),
+        "at": datetime.datetime(2025, 12, 3, 5, 41, 22, 817479, tzinfo=datetime.UTC),
+        "local": datetime.datetime(1970, 1, 1),
+        "day": datetime.date(1970, 1, 2),
+        "t": datetime.time(0, 0, 1),
+        "id": uuid.UUID("0d5c0b0e-0000-4000-8000-00000000000a"),
+        "uid": uuid.UUID(int=255),
+        "ids": [None, uuid.UUID(int=7)],
+    }

@@ -3,6 +3,7 @@ failure."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from cdc.config import load_settings
 from cdc.errors import AggregateTypeNotAllowedError, InvalidTopicError
 from cdc.stream import pipeline as pipeline_module
 from cdc.stream import route as route_module
+from cdc.stream.messages import LogicalMessage
 from cdc.stream.pipeline import Pipeline
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
@@ -67,3 +69,23 @@ def test_metric_series_per_topic_are_bounded(monkeypatch):
     p = pipeline()
     series = {p._route_for(f"t{i}".encode(), b"OrderPlaced", b"1")[2] for i in range(10)}
     assert len(series) == 4 and pipeline_module.OTHER_TOPICS in series
+
+
+def test_an_outbox_message_for_a_schema_with_a_decimal_hands_over_the_payload_as_written(tmp_path):
+    """A message's payload is parsed with the message: for a decimal, its digits must come from its text."""
+    (tmp_path / "Paid").mkdir()
+    money = {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 10}
+    schema = {"type": "record", "name": "Paid", "fields": [{"name": "amount", "type": money}]}
+    (tmp_path / "Paid" / "v1.avsc").write_text(json.dumps(schema))
+    p = pipeline(schemas_dir=str(tmp_path))
+    emitted = []
+    p._emit = emitted.append
+    p._txn = object()  # inside a source transaction
+    amount = b"1234567890123456789012345678.1234567891"
+    for event_type in ("Paid", "OrderPlaced", "NoSuchSchema"):
+        body = b'{"id": "e", "aggregate_type": "a", "aggregate_id": "x", "event_type": "%s", "payload": ' % (
+            event_type.encode()
+        )
+        p._handle(LogicalMessage(True, 0, "outbox", body + b'{"amount": ' + amount + b"}}"))
+    assert emitted[0][5] == b'{"amount": ' + amount + b"}"
+    assert emitted[1][5] == emitted[2][5] == b'{"amount":1.2345678901234569e+27}', "others: orjson's float"

@@ -133,6 +133,25 @@ def test_logical_message_becomes_an_event():
 
 
 @pytest.mark.parametrize(
+    ("content", "payload"),
+    [
+        (
+            b'{"id": "e", "payload": {"amount": 12345678901234567890.1234567891}}',
+            b'{"amount": 12345678901234567890.1234567891}',
+        ),
+        (b' {\n "payload" : 0.10 , "headers": {"payload": 1}, "x": [1, {"y": "}"}] } ', b"0.10"),
+        (b'{"payload": {"a": "\\u00e9\\"}"}, "id": "\xc3\xa9"}', b'{"a": "\\u00e9\\"}"}'),
+        (b'{"payload": {"a": 1}, "payload": {"a": 2.50}}', b'{"a": 2.50}'),  # the last, as orjson reads it
+        (b'{"payload": []}', b"[]"),
+    ],
+)
+def test_a_messages_payload_is_cut_out_as_written(content, payload):
+    """message_fields writes the payload again from floats; a decimal needs the digits that were written."""
+    assert router().exact_payload(content) == payload
+    assert orjson.loads(router().exact_payload(content)) == orjson.loads(content)["payload"]
+
+
+@pytest.mark.parametrize(
     ("content", "message"),
     [
         (b"not json", "not JSON"),

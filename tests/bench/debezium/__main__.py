@@ -1,0 +1,5 @@
+import sys
+
+from tests.bench.debezium.bench import main
+
+sys.exit(main())

@@ -43,7 +43,7 @@ from cdc.ops import setup as cdc_setup
 from tests.bench import db
 from tests.bench.bare_reader import read_inserts
 from tests.bench.debezium import config as dbz
-from tests.bench.debezium.connect import ConnectProcess
+from tests.bench.debezium.connect import ConnectProcess, port_in_use
 from tests.bench.debezium.jars import ensure_jars
 from tests.bench.debezium.measure import (
     Watermarks,
@@ -188,6 +188,11 @@ class DebeziumBench:
         a = self.args
         libs = None
         if any(r.startswith("debezium-") for r in self.relays):
+            if port_in_use(a.connect_port):
+                raise BenchError(
+                    f"port {a.connect_port} for Kafka Connect's REST API is taken: choose another with "
+                    "--connect-port or CDC_BENCH_CONNECT_PORT (below 32768)"
+                )
             libs = ensure_jars(ROOT / ".stack", ROOT / ".stack" / "logs" / "maven-debezium.log", progress)
         self._admin = db.connect(self.admin_dsn)
         self.result["machine"] = machine_info(self._admin)
@@ -494,6 +499,8 @@ def progress(phase: str, message: str) -> None:
 
 
 def _short(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted ({exc.args[0] if exc.args else 'SIGINT'})"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 

@@ -13,12 +13,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from tests.bench.procs import cpu_seconds
 
 LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
+_SETTLING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
 
 
 def vmhwm_mb(pid: int) -> float | None:
@@ -52,9 +57,20 @@ class Watermarks:
         self._admin = admin
         self._request = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
 
-    def read(self) -> dict[int, int]:
-        futures = self._admin.list_offsets(self._request, request_timeout=10)
-        return {tp.partition: future.result(timeout=15).offset for tp, future in futures.items()}
+    def read(self, retry_for: float = 30) -> dict[int, int]:
+        """Retries what a new topic answers while its partitions get their leader (not leader, unknown
+        partition), for ``retry_for`` s."""
+        deadline = time.monotonic() + retry_for
+        while True:
+            try:
+                futures = self._admin.list_offsets(self._request, request_timeout=10)
+                return {tp.partition: future.result(timeout=15).offset for tp, future in futures.items()}
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                retriable = isinstance(error, KafkaError) and (error.retriable() or error.code() in _SETTLING)
+                if not retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 @dataclass

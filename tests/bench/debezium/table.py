@@ -23,8 +23,9 @@ def figures(
         "arrival_span_s": round(span, 3),
         "events_per_s": round(events / span) if span > 0 else None,
     }
-    per = max(window_events, 1)
-    out["cpu_us_per_event"] = None if relay_cpu_s is None else round(relay_cpu_s / per * 1e6, 1)
+    # No event arrived between the two polls (a drain shorter than one poll): no figure rather than 0.
+    counted = relay_cpu_s is not None and window_events > 0
+    out["cpu_us_per_event"] = round(relay_cpu_s / window_events * 1e6, 1) if counted else None
     out["walsender_cpu_us_per_event"] = (
         None if walsender_cpu_s is None else round(walsender_cpu_s / events * 1e6, 1)
     )

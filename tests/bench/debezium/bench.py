@@ -226,6 +226,9 @@ class DebeziumBench:
                 progress(relay, f"FAILED: {_short(exc)}")
                 continue
             self.runs.append(run)
+            if not run["ok"]:
+                progress(relay, f"FAILED: {run.get('error')}")
+                continue
             progress(
                 relay,
                 f"{run['events_per_s']:,} events/s, {run['cpu_us_per_event']} CPU µs/event"
@@ -390,6 +393,7 @@ class DebeziumBench:
             "kafka_cpu_s": _round(spent(kafka_cpu0, kafka_cpu1)),
             "machine_cpu": machine_cpu,
             "sample_record": described,
+            "pid": proc.pid,
             "stop": stop,
             "log": str(log),
             **details,

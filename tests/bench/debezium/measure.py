@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -225,11 +226,15 @@ def describe_record(msg: Any, registry_url: str | None) -> dict[str, Any]:
         out["value_format"] = "avro confluent"
         out["schema_id"] = schema_id
         if registry_url:
-            import fastavro
-
-            with urllib.request.urlopen(f"{registry_url}/schemas/ids/{schema_id}", timeout=10) as reply:
-                schema = json.loads(json.load(reply)["schema"])
-            decoded = fastavro.schemaless_reader(io.BytesIO(value[5:]), fastavro.parse_schema(schema))
+            try:
+                with urllib.request.urlopen(f"{registry_url}/schemas/ids/{schema_id}", timeout=10) as reply:
+                    schema = json.loads(json.load(reply)["schema"])
+                decoded = fastavro.schemaless_reader(io.BytesIO(value[5:]), fastavro.parse_schema(schema))
+            except Exception as exc:  # any way the bytes fail to decode is a finding, reported below
+                # Not what it looks like (another framing whose first byte is 0, say): say so, not crash.
+                out["value_format"] = "bytes starting with 0x00, not decodable as Confluent-framed Avro"
+                out["decode_error"] = f"{type(exc).__name__}: {exc}"
+                return out
             out["schema_name"] = schema.get("name") if isinstance(schema, dict) else str(schema)
             out["decoded_fields"] = sorted(decoded) if isinstance(decoded, dict) else type(decoded).__name__
         return out

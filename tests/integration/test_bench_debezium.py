@@ -1,5 +1,5 @@
 """`make bench-debezium` in small: 2,000 events through the bare reader, `cdc run` and Debezium with Avro
-values (one JVM), every record counted, one Avro record decoded through the registry, and nothing left
+values (one JVM), every event id counted, one Avro record decoded through the registry, and nothing left
 behind. About 30 s, most of it the JVM's start; the first run on a machine also resolves the jars (~35 s)."""
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def test_bench_debezium_counts_decodes_and_cleans_up(
     runs = {run["relay"]: run for run in result["runs"]}
     assert runs["bare"]["events"] == EVENTS
     assert runs["cdc"]["records"] == runs["debezium-avro"]["records"] == EVENTS
+    assert runs["cdc"]["distinct_event_ids"] == runs["debezium-avro"]["distinct_event_ids"] == EVENTS
     assert all(run["events_per_s"] > 0 for run in runs.values())
     avro = runs["debezium-avro"]["sample_record"]
     assert avro["value_format"] == "avro confluent"

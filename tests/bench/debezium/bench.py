@@ -9,9 +9,10 @@
    Debezium in each variant of ``config.VARIANTS``. While a relay runs, the topic's watermarks are polled
    (``measure``); the relay's CPU (utime + stime) is read at the poll that first sees a record and at the
    one that sees all N, its walsender's (all of it: the walsender decodes ahead) at the latter. Then the
-   relay stops, the topic's records are counted (fewer than N fails the relay and the run), the
-   LogAppendTime of the first and the last record give the rate, N / (last - first), and VmHWM the peak
-   RSS. One record is read back and decoded (JSON text, or Avro through the registry).
+   relay stops, the topic is read back and its event ids (header ``id``) counted (fewer than N distinct
+   fails the relay and the run), the LogAppendTime of the first and the last record give the rate,
+   N / (last - first), and VmHWM the peak RSS. One record is decoded (JSON text, or Avro through the
+   registry).
 4. results: the markdown table on stdout, everything in JSON (``--output``). Clean-up always runs: every
    JVM and pipeline stopped (their process groups killed if they do not stop), the database and with it the
    slots dropped, the topics deleted, the registry's artifacts of the run deleted, the config files (they hold
@@ -48,6 +49,7 @@ from tests.bench.debezium.jars import ensure_jars
 from tests.bench.debezium.measure import (
     Watermarks,
     arrival_span,
+    count_event_ids,
     describe_record,
     read_records,
     vmhwm_mb,
@@ -355,7 +357,7 @@ class DebeziumBench:
         stop = proc.stop()
         self._processes.remove(proc)
         final = marks.read()
-        records = sum(final.values())
+        records, distinct, without_id = count_event_ids(self.bootstrap, topic, final)
         first_ms, last_ms = arrival_span(self.bootstrap, topic, {}, drain.watermarks_done)
         sample = read_records(self.bootstrap, topic, {p: 0 for p, n in final.items() if n > 0})
         described = describe_record(next(iter(sample.values())), self.ccompat_url)
@@ -367,9 +369,11 @@ class DebeziumBench:
         run: dict[str, Any] = {
             "relay": relay,
             "label": LABELS[relay],
-            "ok": records >= a.events,
+            "ok": distinct >= a.events and not without_id,
             "events": a.events,
             "records": records,
+            "distinct_event_ids": distinct,
+            "records_without_id": without_id,
             **figures(
                 events=a.events,
                 first_ms=first_ms,
@@ -399,7 +403,9 @@ class DebeziumBench:
             **details,
         }
         if not run["ok"]:
-            run["error"] = f"{records:,} of {a.events:,} records"
+            run["error"] = f"{distinct:,} distinct events of {a.events:,} in {records:,} records" + (
+                f", {without_id:,} without an id header" if without_id else ""
+            )
         elif (
             relay.startswith("debezium-")
             and self.variant(relay).avro
@@ -570,7 +576,8 @@ def report(result: dict[str, Any], output: Path) -> str:
         sample = run.get("sample_record")
         if sample:
             lines.append(
-                f"{run['relay']}: {run.get('records', 0):,} records; a record: key {sample['key']!r}, "
+                f"{run['relay']}: {run.get('records', 0):,} records, "
+                f"{run.get('distinct_event_ids', 0):,} distinct event ids; a record: key {sample['key']!r}, "
                 f"{sample['value_format']} ({sample['value_bytes']} B"
                 + (f", schema id {sample['schema_id']}" if "schema_id" in sample else "")
                 + (

@@ -189,6 +189,40 @@ def read_records(bootstrap: str, topic: str, offsets: dict[int, int], timeout: f
         consumer.close()
 
 
+def count_event_ids(
+    bootstrap: str, topic: str, high: dict[int, int], timeout: float = 600
+) -> tuple[int, int, int]:
+    """Read every record of ``topic`` below ``high`` and count them: (records, distinct ``id`` headers,
+    records without one). Offsets alone would let a duplicate hide a missing event."""
+    consumer = _consumer(bootstrap)
+    ids: set[bytes] = set()
+    records = without = 0
+    try:
+        pending = {p: n for p, n in high.items() if n > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise DrainFailed(f"could not read {topic} back within {timeout:g} s")
+            for msg in consumer.consume(num_messages=10_000, timeout=1.0):
+                if msg.error():
+                    raise DrainFailed(f"reading back {topic}: {msg.error()}")
+                p, offset = msg.partition(), msg.offset()
+                if p not in pending or offset >= high[p]:
+                    continue
+                records += 1
+                found = next((v for k, v in msg.headers() or () if k == "id"), None)
+                if found is None:
+                    without += 1
+                else:
+                    ids.add(found)
+                if offset + 1 >= high[p]:
+                    del pending[p]
+    finally:
+        consumer.close()
+    return records, len(ids), without
+
+
 def arrival_span(bootstrap: str, topic: str, low: dict[int, int], high: dict[int, int]) -> tuple[int, int]:
     """(first, last) LogAppendTime in ms over the records between ``low`` and ``high`` (exclusive) of each
     partition: the broker's clock at the append of the first record and of the last one."""

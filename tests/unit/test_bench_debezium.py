@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from tests.bench.debezium import config as dbz
-from tests.bench.debezium.bench import RELAYS, default_connect_port, parse_args, parse_relays
+from tests.bench.debezium.cli import RELAYS, default_connect_port, parse_args, parse_relays
 from tests.bench.debezium.jars import parse_java_major
 from tests.bench.debezium.table import figures, markdown
 

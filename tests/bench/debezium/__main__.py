@@ -1,5 +1,5 @@
 import sys
 
-from tests.bench.debezium.bench import main
+from tests.bench.debezium.cli import main
 
 sys.exit(main())

@@ -10,7 +10,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import fastavro
@@ -93,7 +93,6 @@ class Drain:
     watermarks_done: dict[int, int]
     walsender_pid: int | None
     polls: int
-    progress: list[tuple[float, int]] = field(default_factory=list)
 
 
 class DrainFailed(Exception):
@@ -118,7 +117,6 @@ def watch_drain(
     first: Moment | None = None
     wal_pid: int | None = None
     polls = 0
-    progress: list[tuple[float, int]] = []
     next_alive_check = 0.0
     while True:
         now = time.monotonic()
@@ -136,12 +134,10 @@ def watch_drain(
             if wal_pid is None:
                 wal_pid = walsender_pid()
             first = Moment(now, records, total_cpu(relay_pids()), cpu_seconds(wal_pid))
-        if first is not None:
-            progress.append((round(now - first.monotonic, 3), records))
         if records >= expected:
             assert first is not None
             done = Moment(now, records, total_cpu(relay_pids()), cpu_seconds(wal_pid))
-            return Drain(first, done, marks, wal_pid, polls, progress)
+            return Drain(first, done, marks, wal_pid, polls)
         if first is None and now - started > start_timeout:
             raise DrainFailed(
                 f"no record in {watermarks.topic} within {start_timeout:g} s of the relay's start"
@@ -231,12 +227,10 @@ def arrival_span(bootstrap: str, topic: str, low: dict[int, int], high: dict[int
         raise DrainFailed(f"{topic} holds no record")
     firsts = read_records(bootstrap, topic, {p: low.get(p, 0) for p in used})
     lasts = read_records(bootstrap, topic, {p: high[p] - 1 for p in used})
-    stamps = []
     for msg in list(firsts.values()) + list(lasts.values()):
-        kind, ms = msg.timestamp()
+        kind, _ = msg.timestamp()
         if kind != LOG_APPEND_TIME:
             raise DrainFailed(f"{topic}'s records carry no LogAppendTime (timestamp type {kind})")
-        stamps.append(ms)
     first = min(m.timestamp()[1] for m in firsts.values())
     last = max(m.timestamp()[1] for m in lasts.values())
     return first, last

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test test-matrix unit test-integration demo bench bench-consumer faults stack-up stack-down stack-status clean
+.PHONY: help install lint test test-matrix unit test-integration demo bench bench-consumer bench-debezium faults stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ bench: $(STAMP) stack-up ## the end-to-end benchmark; figures go to bench-result
 
 bench-consumer: $(STAMP) stack-up ## what exactly-once costs a downstream consumer (IdempotentConsumer vs plain)
 	. .stack/env && $(BIN)/python -m tests.bench.consumer $(BENCH_ARGS)
+
+bench-debezium: $(STAMP) stack-up ## cdc run beside Debezium 3.6.1 (Kafka Connect standalone, Outbox Event Router): default, tuned, Avro (BENCH_ARGS="--events 20000")
+	. .stack/env && $(BIN)/python -m tests.bench.debezium $(BENCH_ARGS)
 
 faults: $(STAMP) ## the fault suite: kills and outages under load, then nothing lost? (FAULTS_ARGS="--seed N --duration S --runs K")
 	$(BIN)/python -m tests.faults $(FAULTS_ARGS)

@@ -1,0 +1,5 @@
+import sys
+
+from tests.bench.debezium.cli import main
+
+sys.exit(main())

@@ -69,8 +69,15 @@ def test_setup_role_streams_heartbeats_and_reports_with_only_its_grants(
         "the role's heartbeats noted for cdc status",
     )
     assert json.loads(status.stdout)["outbox_rows"] == 2
+    # ...and the position it saves for `cdc recover`.
+    wait_until(
+        lambda: json.loads(cdc(env, "status", "--json").stdout)["saved_commit_time"],
+        30,
+        "the role's saved position for cdc recover",
+    )
     assert "heartbeat failed" not in proc.log()
     assert "could not note the heartbeat" not in proc.log()
+    assert "could not save the acknowledged position" not in proc.log()
     assert proc.terminate() == 0
 
     # No more than that: the role cannot write the outbox or create anything.

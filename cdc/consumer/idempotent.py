@@ -16,7 +16,11 @@ again; a crash between 2 and 3 leaves both, and the redelivered record is acknow
 Records are taken in batches: one transaction holds the guard rows (one statement) and the effects of
 several records, then one offset commit covers them, because a commit per record (an fsync each) caps a
 service at a few hundred events/s. A batch is sized from the measured time per record to take about
-``BATCH_SECONDS``, so that rebalances and ``max.poll.interval.ms`` never wait long for it. A handler that
+``BATCH_SECONDS``, so that rebalances and ``max.poll.interval.ms`` never wait long for it, and holds at most
+``batch_size`` records (1000: past a few hundred, the commits' share of a record's cost is small). The
+handlers of a batch run in psycopg's pipeline mode (``pipeline=False`` turns it off), which sends their
+statements without a round trip each (:mod:`cdc.consumer.batches` says how a failure is still blamed on the
+right record). A handler that
 raises rolls its batch back; the records before it are done again without it and committed, and it then
 takes the per-record path below with the error it raised (its first attempt).
 
@@ -87,7 +91,8 @@ class IdempotentConsumer(Session):
         processed_table: TableRef = DEFAULT_TABLE,
         shutdown_timeout: float = 30.0,
         poll_timeout: float = 0.5,
-        batch_size: int = 100,
+        batch_size: int = 1000,
+        pipeline: bool = True,
     ) -> None:
         if not name or not topics:
             raise ConfigError("an IdempotentConsumer needs a name and at least one topic", key="consumer")
@@ -101,6 +106,7 @@ class IdempotentConsumer(Session):
             raise ConfigError("batch_size must be at least 1", key="batch_size")
         self.batch_size = batch_size
         self._per_record = 0.0  # seconds per record, a moving average: sizes the next batch
+        self._pipelined = pipeline  # a batch's handlers in psycopg's pipeline mode (cdc.consumer.batches)
         self._database_url = database_url
         self._conf = consumer_config(bootstrap_servers, group_id or name, kafka_config)
         poll_interval = float(self._conf.get("max.poll.interval.ms", 300_000)) / 1000

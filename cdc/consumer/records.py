@@ -51,6 +51,7 @@ class Records:
     _hard_deadline: bool
     _pending: dict[tuple[str, int], int]
     _per_record: float
+    _pipelined: bool
     _producer: Any
     _producer_conf: dict[str, Any]
     _stop: threading.Event

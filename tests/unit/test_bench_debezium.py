@@ -10,7 +10,7 @@ import pytest
 from tests.bench.debezium import config as dbz
 from tests.bench.debezium.cli import RELAYS, default_connect_port, parse_args, parse_relays
 from tests.bench.debezium.jars import parse_java_major
-from tests.bench.debezium.table import figures, markdown
+from tests.bench.table import figures, markdown
 
 DATABASE = dbz.Database(host="127.0.0.1", port=24432, user="postgres", password="s3cret", dbname="bench")
 

@@ -4,11 +4,12 @@
    slot per relay, and one topic per relay (``--partitions``, ``message.timestamp.type = LogAppendTime``, so
    that the broker stamps each record with its own clock when it appends it), all before any row exists.
 2. fill: ``--events`` outbox rows in transactions of ``--rows-per-txn``; no relay runs.
-3. one after another, each relay drains its own slot into its own topic: the bare reader (in this
-   process, counting inserts; ``tests.bench.bare_reader``), ``cdc run``, then Kafka Connect standalone with
-   Debezium in each variant of ``config.VARIANTS``. While a relay runs, the topic's watermarks are polled
-   (``measure``); the relay's CPU (utime + stime) is read at the poll that first sees a record and at the
-   one that sees all N, its walsender's (all of it: the walsender decodes ahead) at the latter. Then the
+3. one after another, each relay drains its own slot into its own topic: the bare reader (in a process
+   of its own, counting inserts; ``tests.bench.bare_reader``), ``cdc run``, then Kafka Connect standalone
+   with Debezium in each variant of ``config.VARIANTS``. While a relay runs, the topic's watermarks are
+   polled (``tests.bench.measure``, shared with `make bench`); the relay's CPU (utime + stime) is read at
+   the poll that first sees a record and at the one that sees all N, its walsender's (all of it: the
+   walsender decodes ahead) at the latter. Then the
    relay stops, the topic is read back and its event ids (header ``id``) counted (fewer than N distinct
    fails the relay and the run), the LogAppendTime of the first and the last record give the rate,
    N / (last - first), and VmHWM the peak RSS. One record is decoded (JSON text, or Avro through the
@@ -40,22 +41,12 @@ from psycopg.conninfo import conninfo_to_dict
 from cdc.config import load_settings
 from cdc.ops import setup as cdc_setup
 from tests.bench import db
-from tests.bench.bare_reader import read_inserts
 from tests.bench.debezium import config as dbz
 from tests.bench.debezium.connect import ConnectProcess, port_in_use
 from tests.bench.debezium.jars import ensure_jars
-from tests.bench.debezium.measure import (
-    Watermarks,
-    arrival_span,
-    count_event_ids,
-    describe_record,
-    read_records,
-    vmhwm_mb,
-    watch_drain,
-)
-from tests.bench.debezium.table import figures
 from tests.bench.load import bulk_fill
-from tests.bench.procs import MachineCpu, PipelineProcess, cpu_seconds
+from tests.bench.measure import bare_drain, measure_drain
+from tests.bench.procs import PipelineProcess
 from tests.bench.run import ROOT, kafka_pid, machine_info
 
 PUBLICATION = "bench_outbox"
@@ -228,34 +219,14 @@ class DebeziumBench:
 
     def drain_bare(self) -> dict[str, Any]:
         a = self.args
-        machine = MachineCpu()
-        got = read_inserts(
+        run = bare_drain(
             self.bench_dsn,
             slot=self.slot("bare"),
             publication=PUBLICATION,
-            count=a.events,
+            events=a.events,
             timeout=max(300.0, a.events / 1000),
         )
-        streaming = got["seconds"] - got["first_insert_after_s"]
-        run = {
-            "relay": "bare",
-            "label": LABELS["bare"],
-            "ok": got["events"] >= a.events,
-            "events": got["events"],
-            "events_per_s": round(a.events / streaming) if streaming > 0 else None,
-            "cpu_us_per_event": round(got["reader_cpu_seconds"] / a.events * 1e6, 1),
-            "walsender_cpu_us_per_event": (
-                round(got["walsender_cpu_seconds"] / a.events * 1e6, 1)
-                if got.get("walsender_cpu_seconds") is not None
-                else None
-            ),
-            "peak_rss_mb": None,
-            "machine_cpu": machine.read(),
-            "method": "inserts counted in this process: rate from the first insert read to the last; CPU of "
-            "the reading thread and of its walsender from the connection to the last insert",
-            "reader": got,
-        }
-        return run
+        return {"relay": "bare", "label": LABELS["bare"], **run}
 
     def drain_relay(self, relay: str, libs: Path | None) -> dict[str, Any]:
         a = self.args
@@ -281,76 +252,26 @@ class DebeziumBench:
             active, pid, _ = watch.state(slot)
             return pid if active else None
 
-        kafka = kafka_pid()
-        machine = MachineCpu()
-        kafka_cpu0 = cpu_seconds(kafka)
-        marks = Watermarks(self._kafka_admin, topic, a.partitions)
-        drain = watch_drain(
-            watermarks=marks,
-            expected=a.events,
-            relay_pids=lambda: [proc.pid],
+        measured = measure_drain(
+            proc,
+            kafka_admin=self._kafka_admin,
+            bootstrap=self.bootstrap,
+            topic=topic,
+            partitions=a.partitions,
+            events=a.events,
             walsender_pid=walsender,
             alive=alive,
             start_timeout=a.start_timeout,
             drain_timeout=max(300.0, a.events / 500),
+            kafka_pid=kafka_pid(),
+            registry_url=self.ccompat_url,
         )
-        kafka_cpu1 = cpu_seconds(kafka)
-        machine_cpu = machine.read()
-        peak = vmhwm_mb(proc.pid)
-        stop = proc.stop()
         self._processes.remove(proc)
-        final = marks.read()
-        records, distinct, without_id = count_event_ids(self.bootstrap, topic, final)
-        first_ms, last_ms = arrival_span(self.bootstrap, topic, {}, drain.watermarks_done)
-        sample = read_records(self.bootstrap, topic, {p: 0 for p, n in final.items() if n > 0})
-        described = describe_record(next(iter(sample.values())), self.ccompat_url)
-        window = drain.done.records - drain.first.records
-
-        def spent(before: float | None, after: float | None) -> float | None:
-            return None if before is None or after is None else after - before
-
-        run: dict[str, Any] = {
-            "relay": relay,
-            "label": LABELS[relay],
-            "ok": distinct >= a.events and not without_id,
-            "events": a.events,
-            "records": records,
-            "distinct_event_ids": distinct,
-            "records_without_id": without_id,
-            **figures(
-                events=a.events,
-                first_ms=first_ms,
-                last_ms=last_ms,
-                relay_cpu_s=spent(drain.first.relay_cpu, drain.done.relay_cpu),
-                walsender_cpu_s=drain.done.walsender_cpu,
-                window_events=window,
-            ),
-            "peak_rss_mb": None if peak is None else round(peak, 1),
-            "first_record_after_start_s": round(drain.first.monotonic - proc.started, 3),
-            "cpu_window": {
-                "seconds": round(drain.done.monotonic - drain.first.monotonic, 3),
-                "records_at_first_poll": drain.first.records,
-                "records_at_last_poll": drain.done.records,
-                "relay_cpu_s": _round(spent(drain.first.relay_cpu, drain.done.relay_cpu)),
-                "walsender_cpu_s": _round(spent(drain.first.walsender_cpu, drain.done.walsender_cpu)),
-                "walsender_cpu_since_its_start_s": _round(drain.done.walsender_cpu),
-                "relay_cpu_since_its_start_s": _round(drain.done.relay_cpu),
-                "polls": drain.polls,
-            },
-            "kafka_cpu_s": _round(spent(kafka_cpu0, kafka_cpu1)),
-            "machine_cpu": machine_cpu,
-            "sample_record": described,
-            "pid": proc.pid,
-            "stop": stop,
-            "log": str(log),
-            **details,
-        }
-        if not run["ok"]:
-            run["error"] = f"{distinct:,} distinct events of {a.events:,} in {records:,} records" + (
-                f", {without_id:,} without an id header" if without_id else ""
-            )
-        elif (
-            relay.startswith("debezium-")
+        run: dict[str, Any] = {"relay": relay, "label": LABELS[relay], **measured, "log": str(log), **details}
+        described = run["sample_record"]
+        if (
+            run["ok"]
+            and relay.startswith("debezium-")
             and self.variant(relay).avro
             and described.get("value_format") != ("avro confluent")
         ):
@@ -456,7 +377,3 @@ def short_error(exc: BaseException) -> str:
         return f"interrupted ({exc.args[0] if exc.args else 'SIGINT'})"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)

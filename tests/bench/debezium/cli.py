@@ -11,7 +11,8 @@ import traceback
 from pathlib import Path
 
 from tests.bench.debezium.bench import RELAYS, BenchError, DebeziumBench, short_error
-from tests.bench.debezium.table import markdown, report
+from tests.bench.debezium.table import report
+from tests.bench.table import markdown
 
 
 def default_connect_port(environ: dict[str, str]) -> int:

@@ -1,42 +1,37 @@
-"""Measuring one drain from the outside, the same way for every relay: the topic's watermarks polled while it
-runs (first arrival, all N arrived, CPU of the relay and of its walsender at those two moments), then the
-broker's LogAppendTime of the first and the last record of each partition (the rate), and the relay's
-VmHWM (peak RSS)."""
+"""Measuring one drain of a pre-filled slot from the outside, the same way for every relay (`make bench` and
+`make bench-debezium`): the topic's watermarks polled while it runs (first arrival, all N arrived, CPU of
+the relay and of its walsender at those two moments), then the broker's LogAppendTime of the first and the
+last record of each partition (the rate), and the relay's VmHWM (peak RSS). The bare reader, which writes
+no topic, is measured the same way from its own counts (:func:`bare_drain`)."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from tests.bench.procs import cpu_seconds
+from tests.bench.procs import MachineCpu, cpu_seconds, vmhwm_mb
+from tests.bench.table import figures
 
+ROOT = Path(__file__).resolve().parents[2]
 LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
 _SETTLING = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
 }
-
-
-def vmhwm_mb(pid: int) -> float | None:
-    """The peak resident set size of ``pid`` (VmHWM) in MiB, or None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
 
 
 def total_cpu(pids: Sequence[int]) -> float | None:
@@ -109,10 +104,14 @@ def watch_drain(
     start_timeout: float,
     drain_timeout: float,
     interval: float = 0.05,
+    delivered: Callable[[], bool] | None = None,
 ) -> Drain:
     """Poll the topic until it holds ``expected`` records. ``alive()`` raises when the relay died or failed;
     ``walsender_pid()`` gives the slot's active_pid (None while the relay has not connected). The CPU
-    figures are read at the poll that first saw a record and at the one that saw them all."""
+    figures are read at the poll that first saw a record and at the one that saw them all.
+
+    With Kafka transactions the offsets count the commit markers too, so ``expected`` offsets come before
+    the last record: ``delivered()`` then says when all were (the relay confirmed the end of the fill)."""
     started = time.monotonic()
     first: Moment | None = None
     wal_pid: int | None = None
@@ -134,7 +133,7 @@ def watch_drain(
             if wal_pid is None:
                 wal_pid = walsender_pid()
             first = Moment(now, records, total_cpu(relay_pids()), cpu_seconds(wal_pid))
-        if records >= expected:
+        if records >= expected and (delivered is None or delivered()):
             assert first is not None
             done = Moment(now, records, total_cpu(relay_pids()), cpu_seconds(wal_pid))
             return Drain(first, done, marks, wal_pid, polls)
@@ -149,13 +148,16 @@ def watch_drain(
         time.sleep(interval)
 
 
-def _consumer(bootstrap: str) -> Consumer:
+def _consumer(bootstrap: str, eof: bool = False) -> Consumer:
+    # read_committed (librdkafka's default, set for the reader's sake): a transactional relay's records are
+    # read once committed, and commit markers are never returned.
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": "bench-debezium-reader",
+            "group.id": "bench-reader",
             "enable.auto.commit": False,
-            "enable.partition.eof": False,
+            "enable.partition.eof": eof,
+            "isolation.level": "read_committed",
         }
     )
 
@@ -189,8 +191,9 @@ def count_event_ids(
     bootstrap: str, topic: str, high: dict[int, int], timeout: float = 600
 ) -> tuple[int, int, int]:
     """Read every record of ``topic`` below ``high`` and count them: (records, distinct ``id`` headers,
-    records without one). Offsets alone would let a duplicate hide a missing event."""
-    consumer = _consumer(bootstrap)
+    records without one). Offsets alone would let a duplicate hide a missing event. A partition is read
+    when the consumer reaches its end: its last offset may be a commit marker, which no consumer sees."""
+    consumer = _consumer(bootstrap, eof=True)
     ids: set[bytes] = set()
     records = without = 0
     try:
@@ -201,9 +204,12 @@ def count_event_ids(
             if time.monotonic() > deadline:
                 raise DrainFailed(f"could not read {topic} back within {timeout:g} s")
             for msg in consumer.consume(num_messages=10_000, timeout=1.0):
-                if msg.error():
-                    raise DrainFailed(f"reading back {topic}: {msg.error()}")
                 p, offset = msg.partition(), msg.offset()
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        pending.pop(p, None)
+                        continue
+                    raise DrainFailed(f"reading back {topic}: {msg.error()}")
                 if p not in pending or offset >= high[p]:
                     continue
                 records += 1
@@ -219,6 +225,33 @@ def count_event_ids(
     return records, len(ids), without
 
 
+def read_last_records(
+    bootstrap: str, topic: str, high: dict[int, int], tail: int = 64, timeout: float = 30
+) -> dict[int, Any]:
+    """The last record below ``high[partition]`` of each partition: read from ``tail`` offsets before it to
+    the partition's end (the offset before ``high`` may be a commit marker, not a record)."""
+    consumer = _consumer(bootstrap, eof=True)
+    try:
+        pending = {p for p, n in high.items() if n > 0}
+        consumer.assign([TopicPartition(topic, p, max(0, high[p] - tail)) for p in pending])
+        found: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise DrainFailed(f"could not read back the end of {topic} within {timeout:g} s")
+            for msg in consumer.consume(num_messages=1000, timeout=1.0):
+                p = msg.partition()
+                if msg.error():
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        raise DrainFailed(f"reading back {topic}: {msg.error()}")
+                    pending.discard(p)
+                elif p is not None and msg.offset() < high[p]:
+                    found[p] = msg
+        return found
+    finally:
+        consumer.close()
+
+
 def arrival_span(bootstrap: str, topic: str, low: dict[int, int], high: dict[int, int]) -> tuple[int, int]:
     """(first, last) LogAppendTime in ms over the records between ``low`` and ``high`` (exclusive) of each
     partition: the broker's clock at the append of the first record and of the last one."""
@@ -226,7 +259,7 @@ def arrival_span(bootstrap: str, topic: str, low: dict[int, int], high: dict[int
     if not used:
         raise DrainFailed(f"{topic} holds no record")
     firsts = read_records(bootstrap, topic, {p: low.get(p, 0) for p in used})
-    lasts = read_records(bootstrap, topic, {p: high[p] - 1 for p in used})
+    lasts = read_last_records(bootstrap, topic, {p: high[p] for p in used})
     for msg in list(firsts.values()) + list(lasts.values()):
         kind, _ = msg.timestamp()
         if kind != LOG_APPEND_TIME:
@@ -274,3 +307,126 @@ def describe_record(msg: Any, registry_url: str | None) -> dict[str, Any]:
     out["value_format"] = "json text"
     out["decoded_fields"] = sorted(parsed) if isinstance(parsed, dict) else type(parsed).__name__
     return out
+
+
+def _spent(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def measure_drain(
+    proc: Any,
+    *,
+    kafka_admin: AdminClient,
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    events: int,
+    walsender_pid: Callable[[], int | None],
+    alive: Callable[[], None],
+    start_timeout: float,
+    drain_timeout: float,
+    delivered: Callable[[], bool] | None = None,
+    kafka_pid: int | None = None,
+    registry_url: str | None = None,
+) -> dict[str, Any]:
+    """One relay's drain of ``events`` into ``topic`` (created with LogAppendTime), measured from the outside:
+    ``proc`` (with ``pid``, ``started`` and ``stop()``) is running; it is stopped once all arrived, then the
+    topic is read back, every event id counted and one record described. ``ok`` is False when fewer than
+    ``events`` distinct ids arrived."""
+    machine = MachineCpu()
+    kafka_cpu0 = cpu_seconds(kafka_pid)
+    marks = Watermarks(kafka_admin, topic, partitions)
+    drain = watch_drain(
+        watermarks=marks,
+        expected=events,
+        relay_pids=lambda: [proc.pid],
+        walsender_pid=walsender_pid,
+        alive=alive,
+        start_timeout=start_timeout,
+        drain_timeout=drain_timeout,
+        delivered=delivered,
+    )
+    kafka_cpu1 = cpu_seconds(kafka_pid)
+    machine_cpu = machine.read()
+    peak = vmhwm_mb(proc.pid)
+    stop = proc.stop()
+    final = marks.read()
+    records, distinct, without_id = count_event_ids(bootstrap, topic, final)
+    first_ms, last_ms = arrival_span(bootstrap, topic, {}, drain.watermarks_done)
+    sample = read_records(bootstrap, topic, {p: 0 for p, n in final.items() if n > 0})
+    run: dict[str, Any] = {
+        "ok": distinct >= events and not without_id,
+        "events": events,
+        "records": records,
+        "offsets": sum(final.values()),
+        "distinct_event_ids": distinct,
+        "records_without_id": without_id,
+        **figures(
+            events=events,
+            first_ms=first_ms,
+            last_ms=last_ms,
+            relay_cpu_s=_spent(drain.first.relay_cpu, drain.done.relay_cpu),
+            walsender_cpu_s=drain.done.walsender_cpu,
+            window_events=drain.done.records - drain.first.records,
+        ),
+        "peak_rss_mb": None if peak is None else round(peak, 1),
+        "first_record_after_start_s": round(drain.first.monotonic - proc.started, 3),
+        "cpu_window": {
+            "seconds": round(drain.done.monotonic - drain.first.monotonic, 3),
+            "records_at_first_poll": drain.first.records,
+            "records_at_last_poll": drain.done.records,
+            "relay_cpu_s": _round(_spent(drain.first.relay_cpu, drain.done.relay_cpu)),
+            "walsender_cpu_s": _round(_spent(drain.first.walsender_cpu, drain.done.walsender_cpu)),
+            "walsender_cpu_since_its_start_s": _round(drain.done.walsender_cpu),
+            "relay_cpu_since_its_start_s": _round(drain.done.relay_cpu),
+            "polls": drain.polls,
+        },
+        "kafka_cpu_s": _round(_spent(kafka_cpu0, kafka_cpu1)),
+        "machine_cpu": machine_cpu,
+        "sample_record": describe_record(next(iter(sample.values())), registry_url),
+        "pid": proc.pid,
+        "stop": stop,
+    }
+    if not run["ok"]:
+        run["error"] = f"{distinct:,} distinct events of {events:,} in {records:,} records" + (
+            f", {without_id:,} without an id header" if without_id else ""
+        )
+    return run
+
+
+def bare_drain(dsn: str, *, slot: str, publication: str, events: int, timeout: float) -> dict[str, Any]:
+    """The bare reader's drain of ``slot`` in a process of its own (``tests.bench.bare_reader``), with the
+    figures of :func:`measure_drain`: its arrivals are the Inserts it reads, its CPU is its process's between
+    the first and the last, its walsender's all it spent until the last."""
+    machine = MachineCpu()
+    env = {**os.environ, "CDC_DATABASE_URL": dsn}
+    command = [sys.executable, "-m", "tests.bench.bare_reader", "--slot", slot, "--publication", publication]
+    command += ["--count", str(events), "--timeout", str(timeout)]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 60)
+    if done.returncode != 0:
+        raise DrainFailed(
+            f"the bare reader exited with code {done.returncode}: {done.stderr.strip()[-2000:]}"
+        )
+    got = json.loads(done.stdout)
+    return {
+        "ok": got["events"] >= events,
+        "events": got["events"],
+        "transport": got["transport"],
+        **figures(
+            events=events,
+            first_ms=got["first_insert_ms"],
+            last_ms=got["last_insert_ms"],
+            relay_cpu_s=got["cpu_last_s"] - got["cpu_first_s"],
+            walsender_cpu_s=got["walsender_cpu_s"],
+            window_events=events - 1,  # the first Insert was read when the CPU was first read
+        ),
+        "peak_rss_mb": None if got["peak_rss_mb"] is None else round(got["peak_rss_mb"], 1),
+        "machine_cpu": machine.read(),
+        "method": "Inserts counted by the reader's own process: rate from the first Insert read to the last; "
+        "CPU of that process between them; its walsender's from its start to the last Insert",
+        "reader": got,
+    }

@@ -1,0 +1,114 @@
+"""The pure parts of `make bench`: the throughput table and its ratios, the verdicts, the summary, the
+transport, and the arguments."""
+
+from __future__ import annotations
+
+from tests.bench.db import transport, with_host
+from tests.bench.report import summary, throughput, verdicts
+from tests.bench.run import parse_args
+
+
+def run(relay: str, rep: int, rate: int, cpu: float, wal: float, rss: float | None, **extra: object) -> dict:
+    return {
+        "relay": relay,
+        "repetition": rep,
+        "ok": True,
+        "events_per_s": rate,
+        "cpu_us_per_event": cpu,
+        "walsender_cpu_us_per_event": wal,
+        "peak_rss_mb": rss,
+        **extra,
+    }
+
+
+RUNS = [
+    run("bare", 0, 150_000, 1.6, 6.0, 30.0, transport="tcp"),
+    run("cdc", 0, 60_000, 15.0, 6.5, 70.0),
+    run("cdc-eo", 0, 45_000, 16.0, 6.4, 80.0),
+    run("cdc-eo", 1, 48_000, 15.0, 6.2, 75.0),
+    run("cdc", 1, 66_000, 14.0, 6.1, 72.0),
+    run("bare", 1, 130_000, 1.8, 6.2, 30.5, transport="tcp"),
+]
+
+
+def test_each_relay_is_the_median_of_its_passes_and_every_rate_is_related_to_the_bare_reader():
+    tp = throughput(RUNS)
+    rows = {row["relay"]: row for row in tp["rows"]}
+    assert [row["relay"] for row in tp["rows"]] == ["bare", "cdc", "cdc-eo"]
+    assert rows["bare"]["events_per_s"] == 140_000
+    assert rows["cdc"]["events_per_s"] == 63_000
+    assert rows["cdc-eo"]["cpu_us_per_event"] == 15.5
+    assert rows["cdc"]["peak_rss_mb"] == 72.0  # the highest VmHWM, not a median
+    assert tp["ratio"] == 0.45
+    assert tp["exactly_once_to_bare"] == round(46_500 / 140_000, 3)
+    assert tp["exactly_once_to_at_least_once"] == round(46_500 / 63_000, 3)
+    assert tp["transport"] == "tcp"
+    assert tp["aggregation"] == "median over repetitions"
+    assert tp["table"][0] == "| relay | events/s | vs bare drain | CPU µs/event | peak RSS |"
+    assert (
+        tp["table"][3]
+        == "| `cdc run`, at-least-once (median of 2) | 63,000 | 0.45 | 14.5 (walsender 6.3) | 72 MB |"
+    )
+
+
+def test_a_profiled_pass_is_left_out_when_there_is_another():
+    runs = [run("bare", 0, 100_000, 2, 6, None), run("cdc", 0, 10_000, 90, 6, 80, profiled=True)]
+    assert throughput(runs)["pipeline_events_per_s"] == 10_000  # the only one: kept
+    runs.append(run("cdc", 1, 50_000, 15, 6, 70))
+    assert throughput(runs)["pipeline_events_per_s"] == 50_000
+
+
+def test_a_failed_pass_fails_its_row_and_without_a_relay_there_is_no_ratio():
+    runs = [run("cdc", 0, 50_000, 15, 6, 70, ok=False, error="9 distinct events of 10")]
+    tp = throughput(runs)
+    assert tp["rows"][0]["ok"] is False
+    assert "FAILED: 9 distinct events of 10" in tp["table"][2]
+    assert tp["ratio"] is None and tp["exactly_once_to_at_least_once"] is None
+    assert tp["aggregation"] == "single repetition"
+
+
+def test_verdicts_take_vmhwm_as_the_peak_and_the_exactly_once_ratio_from_issue_13():
+    tp = throughput(RUNS)
+    flat = {"samples": 10, "peak_mb": 70.0, "growth_10_to_90pct_mb": 2.0}
+    result = {"throughput": {"runs": [dict(r, rss=flat) for r in RUNS], **tp}}
+    v = verdicts(result)
+    assert v["throughput"] is True  # 63,000 >= 50,000
+    assert v["ratio"] is False  # 0.45 < 0.5 over TCP, the default
+    result["config"] = {"transport": "unix"}
+    assert verdicts(result)["ratio"] is True  # >= 0.3 over the Unix socket
+    assert v["exactly_once_ratio"] is True  # 0.738
+    assert v["rss"] is True
+    heavy = [dict(r, peak_rss_mb=250.0) if r["relay"] == "cdc-eo" else r for r in RUNS]
+    assert verdicts({"throughput": {"runs": heavy, **throughput(heavy)}})["rss"] is False
+    grows = [dict(r, rss={"samples": 9, "peak_mb": 90.0, "growth_10_to_90pct_mb": 30.0}) for r in RUNS]
+    assert verdicts({"throughput": {"runs": grows, **throughput(grows)}})["rss"] is False
+
+
+def test_the_summary_shows_the_table_the_transport_and_every_pass():
+    result = {
+        "config": {"transport": "unix", "events": 200_000},
+        "throughput": {"runs": RUNS, **throughput(RUNS)},
+    }
+    result["verdicts"] = verdicts(result)
+    text = "\n".join(summary(result))
+    assert "PostgreSQL over unix" in text
+    assert "| bare reader (the ceiling: counts Inserts) (median of 2) | 140,000 | 1.00 |" in text
+    assert "  cdc-eo #1: 48,000 events/s, 15.0 µs/event (walsender 6.2), VmHWM 75 MB" in text
+    assert "exactly-once of at-least-once >= 0.7: PASS (0.74)" in text
+    assert "of bare >= 0.3: PASS (0.45)" in text
+
+
+def test_the_transport_is_read_from_libpq_s_host():
+    assert transport("127.0.0.1") == "tcp"
+    assert transport("db.internal") == "tcp"
+    assert transport("/work/.stack/run") == "unix"
+    assert transport("@abstract") == "unix"
+    assert transport("") == "unix"  # libpq's default: its socket directory
+    dsn = with_host("host=127.0.0.1 port=21432 dbname=cdc_bench user=postgres password=x", "/tmp/run")
+    assert "host=/tmp/run" in dsn and "port=21432" in dsn and "password=x" in dsn
+
+
+def test_arguments():
+    args = parse_args(["--events", "2000", "--unix-socket", "--no-exactly-once"])
+    assert (args.events, args.unix_socket, args.exactly_once) == (2000, True, False)
+    assert parse_args(["--quick"]).events == 100_000

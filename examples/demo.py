@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from cdc.avro.store import SchemaStore
 from cdc.config import load_settings
 from cdc.ops.setup import apply
+from cdc.ops.status import teardown
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = uuid.uuid4().hex[:6]
@@ -119,6 +120,9 @@ def consume(topics: list[str], expected: int, timeout: float = 30) -> list[objec
 def main() -> int:
     environ = {**os.environ, **{f"CDC_{k.upper()}": v for k, v in SETTINGS.items()}}
     settings = load_settings(config_file=None, environ=environ, overrides={})
+    # The demo's slot is its own: what an interrupted run left (the slot, its saved position) goes first,
+    # else `cdc setup` would rightly refuse to make a new slot where one that streamed was lost.
+    teardown(settings)
     say("cdc setup (table, publication, slot)")
     for name, outcome in apply(settings):
         print(f"  {name}: {outcome}")
@@ -161,9 +165,7 @@ def main() -> int:
         pipeline.send_signal(signal.SIGTERM)
         code = pipeline.wait(60)
         print(f"  cdc run exited with {code}")
-        with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot('cdc_demo')")
-            conn.execute("DROP PUBLICATION IF EXISTS cdc_demo")
+        teardown(settings)  # `cdc teardown`: the slot, its saved position and the publication
         admin = AdminClient({"bootstrap.servers": os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"]})
         topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"demo.{RUN}.")]
         if topics:

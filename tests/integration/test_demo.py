@@ -24,3 +24,7 @@ def test_demo_shows_decoded_events_and_the_dead_letter(pg_admin_dsn, kafka_boots
     assert "field 'amount_cents' expects long, got string" in out
     assert "a lot" not in out + done.stderr, "a payload value leaked into the output or the logs"
     assert "cdc run exited with 0" in out
+    again = subprocess.run(
+        [sys.executable, "examples/demo.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert again.returncode == 0, "make demo a second time: " + again.stdout + again.stderr

@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -164,6 +165,7 @@ def _drop_leftovers(dsn: str) -> None:
             "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'faults\\_%' AND NOT active"
         ).fetchall():
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            _forget_position(conn, slot)
             conn.execute(
                 psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(psycopg.sql.Identifier(slot))
             )
@@ -465,9 +467,16 @@ def figure_line(
     )
 
 
+def _forget_position(conn: psycopg.Connection[Any], slot: str) -> None:
+    """What `cdc teardown` does beside dropping the slot: its row of cdc_checkpoint goes too."""
+    if conn.execute("SELECT to_regclass('public.cdc_checkpoint')").fetchone() != (None,):
+        conn.execute("DELETE FROM public.cdc_checkpoint WHERE slot = %s", (slot,))
+
+
 def _cleanup(run: Run, *, keep: bool) -> None:
     with psycopg.connect(run.dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (run.slot,))
+        _forget_position(conn, run.slot)
         conn.execute(
             psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(psycopg.sql.Identifier(run.slot))
         )

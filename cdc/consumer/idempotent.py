@@ -20,9 +20,8 @@ service at a few hundred events/s. A batch is sized from the measured time per r
 ``batch_size`` records (1000: past a few hundred, the commits' share of a record's cost is small). The
 handlers of a batch run in psycopg's pipeline mode (``pipeline=False`` turns it off), which sends their
 statements without a round trip each (:mod:`cdc.consumer.batches` says how a failure is still blamed on the
-right record). A handler that
-raises rolls its batch back; the records before it are done again without it and committed, and it then
-takes the per-record path below with the error it raised (its first attempt).
+right record). A handler that raises rolls its batch back; the records before it are done again without it
+and committed, and it then takes the per-record path below with the error it raised (its first attempt).
 
     def create_invoice(conn, event):  # inside the transaction: use conn, never commit
         conn.execute("INSERT INTO invoices (order_id) VALUES (%s)", (event.payload["order_id"],))

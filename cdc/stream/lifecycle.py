@@ -175,6 +175,7 @@ class Lifecycle(Delivery):
         )
         self.sink.check_broker(s.startup_timeout)
         backoff = self._backoff
+        started = time.monotonic()
         first = True
         standing_by = False
         try:
@@ -200,10 +201,24 @@ class Lifecycle(Delivery):
                         raise  # another pipeline streams from the slot: a refusal
                     self._reconnect_later(exc, backoff)
                 except SourceConnectionError as exc:
-                    # A slot still held by our own dead walsender is transient after a lost connection;
-                    # at the first start, no database at all is a refusal.
+                    # A slot still held by our own dead walsender is transient after a lost connection.
+                    # At the first start, a database that is restarting or being promoted ("not yet
+                    # accepting connections") is waited for as Kafka is, up to startup_timeout; one that
+                    # still does not answer then is a refusal, and a supervisor's restart makes it seen.
                     if first and self._source is None:
-                        raise
+                        if time.monotonic() - started >= s.startup_timeout:
+                            raise
+                        delay = backoff.next_delay()
+                        log.warning(
+                            "PostgreSQL: %s; the start waits for it (attempt %d, next in %.1f s, up to "
+                            "startup_timeout = %g s)",
+                            exc,
+                            backoff.attempt,
+                            delay,
+                            s.startup_timeout,
+                        )
+                        self._sleep(delay)
+                        continue
                     self._reconnect_later(exc, backoff)
                 first = False
         finally:

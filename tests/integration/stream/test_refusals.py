@@ -9,6 +9,7 @@ import time
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.integration.stream.test_pipeline import error_line, run_refused
 from tests.plugins.pgcluster import extra_cluster
@@ -87,3 +88,31 @@ def test_a_slot_invalidated_for_idleness_is_refused_with_its_reason(unique_name,
         status = cdc(env, "status", "--json")
         assert status.returncode == 2
         assert json.loads(status.stdout)["invalidation_reason"] == "idle_timeout"
+
+
+def test_a_database_that_does_not_answer_yet_is_waited_for_at_start_then_refused(
+    outbox, pipeline_process, consume, tcp_proxy
+):
+    """PostgreSQL restarting (or being promoted) when `cdc run` starts: the start waits for it, as for Kafka,
+    then streams; one that does not answer within startup_timeout is a refusal, exit 1 with the reason."""
+    params = conninfo_to_dict(outbox.settings.database_url)
+    proxy = tcp_proxy(str(params["host"]), int(params["port"]))
+    proxy.stop()  # connection refused, as while the server is down
+    dsn = make_conninfo(outbox.settings.database_url, port=str(proxy.port))
+    quick = {"CDC_DATABASE_URL": dsn, "CDC_BACKOFF_INITIAL": "0.2", "CDC_BACKOFF_MAX": "0.5"}
+    proc = pipeline_process(**quick)
+    proc.wait_for_log(r"PostgreSQL: cannot connect to PostgreSQL: .*; the start waits for it \(attempt 2", 30)
+    proxy.start()
+    proc.wait_streaming()
+    txn = outbox.commit([outbox.event("w-1")])
+    assert [r.headers["id"].decode() for r in consume(outbox.topic("order"), 1)] == txn.ids
+    assert proc.terminate() == 0
+
+    proxy.stop()
+    started = time.monotonic()
+    late = pipeline_process(**quick, CDC_STARTUP_TIMEOUT="3")
+    assert late.wait(30) == 1
+    assert 3 <= time.monotonic() - started < 20
+    line = error_line(late.log())
+    assert line.startswith("cdc: error: cannot connect to PostgreSQL:"), line
+    assert outbox.settings.database_url.split("password=")[1].split()[0] not in late.log()

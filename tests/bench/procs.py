@@ -15,28 +15,26 @@ from typing import Any
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def rss_mb(pid: int) -> float | None:
-    """VmRSS of ``pid`` in MiB, or None when the process is gone."""
+def _status_mib(pid: int, field: str) -> float | None:
+    """A ``kB`` field of /proc/<pid>/status in MiB, or None when the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def rss_mb(pid: int) -> float | None:
+    """VmRSS of ``pid`` in MiB, or None when the process is gone."""
+    return _status_mib(pid, "VmRSS:")
 
 
 def vmhwm_mb(pid: int) -> float | None:
     """The peak resident set size of ``pid`` (VmHWM) in MiB, or None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return None
+    return _status_mib(pid, "VmHWM:")
 
 
 def cpu_seconds(pid: int | None) -> float | None:

@@ -67,6 +67,7 @@ _CHOICES = {
     "on_slot_active": ("refuse", "wait"),
     "delivery": ("at-least-once", "exactly-once"),
     "log_format": ("text", "json"),
+    "fast_path": ("auto", "off", "required"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 }
 _OWNED = {
@@ -191,6 +192,9 @@ class Settings:
     transaction_max_seconds: float = 0.25
     log_level: str = "INFO"
     log_format: str = "text"
+    fast_path: str = (
+        "auto"  # the compiled Avro encoder: "auto" when built, "off", "required" (cdc.avro.compiled)
+    )
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def redacted(self) -> dict[str, object]:

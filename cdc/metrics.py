@@ -94,6 +94,11 @@ class PipelineCollector(Collector):
         yield GaugeMetricFamily(
             "cdc_in_flight_events", "Events produced, not yet acknowledged", value=p.tracker.in_flight
         )
+        yield GaugeMetricFamily(
+            "cdc_compiled_encoder",
+            "1: Avro is encoded by the compiled extension (fast_path); 0: by the Python encoder alone",
+            value=int(p.schemas.compiled),
+        )
         yield CounterMetricFamily(
             "cdc_heartbeats_seen", "Heartbeat messages read back from the stream", value=p.heartbeat.seen
         )

@@ -50,6 +50,7 @@ from typing import Any, Final
 
 import orjson
 
+from cdc.avro import compiled
 from cdc.avro.codegen import EncodeFn, build
 from cdc.avro.kinds import BadSchema, check_schema
 from cdc.avro.runtime import Invalid
@@ -81,8 +82,11 @@ def split_confluent(value: bytes) -> tuple[int, memoryview]:
 class AvroEncoder:
     """JSON payload -> Avro, strictly validated (module docstring); one compiled encoder per schema."""
 
-    def __init__(self, store: SchemaStore) -> None:
+    def __init__(self, store: SchemaStore, *, compiled: bool = True) -> None:
+        """``compiled``: :meth:`encoder_for` hands out the compiled encoder (:mod:`cdc.avro.compiled`)
+        where the extension is built and takes the schema; the Python one otherwise."""
         self.store = store
+        self.compiled = compiled
         self._compiled: dict[tuple[str, int], _Compiled] = {}
 
     def encode(self, event_type: str, schema_version: int, payload: Payload) -> bytes:
@@ -105,6 +109,10 @@ class AvroEncoder:
         def encode(payload: Payload) -> bytes:
             return _run(fn, what, loads, payload, bytearray(header))
 
+        if self.compiled:
+            fast = compiled.encoder(header, self.store.get(event_type, schema_version).parsed, encode)
+            if fast is not None:
+                return fast
         return encode
 
     def encode_body(self, event_type: str, schema_version: int, payload: Payload) -> bytes:

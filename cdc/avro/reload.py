@@ -76,13 +76,15 @@ class Snapshot:
     fingerprints: dict[Key, bytes]
 
 
-def load(schemas_dir: Path, mode: str, loaded: Snapshot | None = None) -> Snapshot | list[str]:
+def load(
+    schemas_dir: Path, mode: str, loaded: Snapshot | None = None, *, compiled: bool = True
+) -> Snapshot | list[str]:
     """The directory as a sealed snapshot, or the problems that keep it from being used."""
     report = check_schemas(schemas_dir, mode)
     if not report.ok:
         return report.problems
     store = SealedStore(schemas_dir)
-    encoder = AvroEncoder(store)
+    encoder = AvroEncoder(store, compiled=compiled)
     keys = sorted((event_type, v) for event_type, versions in report.versions.items() for v in versions)
     problems: list[str] = []
     for key in keys:
@@ -122,13 +124,14 @@ class SchemaSet:
         interval: float = RELOAD_INTERVAL,
         gap: float = RELOAD_GAP,
         clock: Callable[[], float] = time.monotonic,
+        compiled: bool = True,
     ) -> None:
-        self.schemas_dir, self.mode = Path(schemas_dir), mode
+        self.schemas_dir, self.mode, self.compiled = Path(schemas_dir), mode, compiled
         self.interval, self.gap, self._clock = interval, gap, clock
         self._last_reload = -math.inf  # when the directory was last re-read (monotonic)
         self._missed: dict[Key, float] = {}  # when a miss of each pair last re-read it
         self._refused = ""  # the first problem of the last re-read, when it was not used
-        first = load(self.schemas_dir, mode)
+        first = load(self.schemas_dir, mode, compiled=compiled)
         if isinstance(first, list):
             raise ConfigError(
                 f"setting 'schemas_dir': {self.schemas_dir} fails `cdc schemas check` ({mode}) with "
@@ -178,7 +181,7 @@ class SchemaSet:
         """Re-read the directory now; True when the new snapshot is in use (something was added)."""
         self._last_reload = self._clock()
         started = time.monotonic()
-        found = load(self.schemas_dir, self.mode, self._current)
+        found = load(self.schemas_dir, self.mode, self._current, compiled=self.compiled)
         took = time.monotonic() - started
         if isinstance(found, list):
             self.reloads["refused"] += 1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
 
+from cdc.avro import compiled
 from cdc.avro.reload import SchemaSet
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
@@ -63,7 +64,9 @@ class Lifecycle(Delivery):
         self.settings = settings
         self.router = EventRouter(settings)
         # Checked as `cdc schemas check` does (a ConfigError when it fails), re-read on a miss or SIGHUP.
-        self.schemas = SchemaSet(settings.schemas_dir, settings.schema_compatibility)
+        self.schemas = SchemaSet(
+            settings.schemas_dir, settings.schema_compatibility, compiled=compiled.enabled(settings.fast_path)
+        )
         self.encoder = self.schemas.encoder
         self._reload_requested = False
         self.registry: SchemaRegistry | None = None

@@ -2,7 +2,7 @@
 
 The encoder of :mod:`cdc.avro.codegen` is the reference: it defines what a payload becomes and every error.
 The compiled one scans the JSON once and writes the Avro as it reads (no tree of Python objects): about a
-tenth of the reference's cost for the common payload. It is only ever right or absent: for any payload it is
+seventh of the reference's cost for the common payload. It is only ever right or absent: for any payload it is
 not sure the reference would write identically (a type mismatch, an unknown or repeated key, a number out of
 range, an escape it does not take...), it calls the reference, which writes the value or raises its error.
 ``tests/unit/avro/test_compiled.py`` holds it to the reference byte for byte.
@@ -14,76 +14,36 @@ schema with a part the compiled encoder does not take (decimal and uuid, a ``cdc
 maps, recursive records, a union where one JSON type fits two branches, a record of more than 32 fields) keeps
 the reference encoder as a whole.
 
-The setting ``fast_path``: ``auto`` uses the extension when it was built (``make install`` builds it when
-cargo 1.77 or later is on PATH; the Docker image always has it), ``off`` never, ``required`` refuses to start
-without it.
+Whether it is used: :mod:`cdc.fastpath` (the setting ``fast_path``).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any, Final
 
+from cdc import fastpath
 from cdc.avro.codegen import _ACCEPTS, build
 from cdc.avro.kinds import resolve
 from cdc.avro.logical import ENCODING, TIME_KINDS
 from cdc.avro.runtime import DISPATCH, VI
-from cdc.errors import ConfigError
 
-__all__ = ["MODES", "available", "encoder", "enabled", "program"]
+__all__ = ["encoder", "program"]
 
-log = logging.getLogger("cdc.schemas")
-
-MODES: Final = ("auto", "off", "required")
 MAX_FIELDS: Final = 32  # the compiled record tracks its fields in a 32-bit set
 
-try:
-    from cdc import _fastpath
-except ImportError as exc:  # not built: no cargo at install time, or an install without the build
-    _fastpath = None  # type: ignore[assignment]
-    _MISSING = str(exc)
-else:
-    _MISSING = ""
-
 _PLAIN: Final = {"null", "boolean", "int", "long", "float", "double", "string"}
-
-
-def available() -> bool:
-    return _fastpath is not None
-
-
-def enabled(mode: str) -> bool:
-    """Whether to encode with the compiled encoder under ``fast_path = mode``; logs which encoder is used."""
-    if mode == "off":
-        log.info("Avro encoding: the Python encoder (fast_path = off)")
-        return False
-    if _fastpath is None:
-        if mode == "required":
-            raise ConfigError(
-                "setting 'fast_path' is 'required' but the compiled extension cdc._fastpath is not installed "
-                f"({_MISSING}): install with cargo 1.77 or later on PATH (`make install`, or the Docker "
-                "image), or set fast_path = 'auto'",
-                key="fast_path",
-            )
-        log.warning(
-            "Avro encoding: the Python encoder, slower: the compiled extension cdc._fastpath is "
-            "not installed (reinstall with cargo 1.77 or later on PATH; fast_path = 'off' says it is meant)"
-        )
-        return False
-    log.info("Avro encoding: compiled (cdc._fastpath), the Python encoder for what it does not take")
-    return True
 
 
 def encoder(header: bytes, parsed: Any, reference: Callable[[Any], bytes]) -> Callable[[Any], bytes] | None:
     """``reference`` made faster: the compiled encoder for ``parsed``, falling back on ``reference``; None
     when the extension is missing or the schema has a part it does not take."""
-    if _fastpath is None:
+    if fastpath.extension is None:
         return None
     prog = program(parsed)
     if prog is None:
         return None
-    fast: Callable[[Any], bytes] = _fastpath.Encoder(header, prog, reference)
+    fast: Callable[[Any], bytes] = fastpath.extension.Encoder(header, prog, reference)
     return fast
 
 

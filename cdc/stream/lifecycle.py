@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc.avro import compiled
+from cdc import fastpath
 from cdc.avro.reload import SchemaSet
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
@@ -62,11 +62,10 @@ class Lifecycle(Delivery):
 
     def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
         self.settings = settings
-        self.router = EventRouter(settings)
+        compiled = fastpath.enabled(settings.fast_path)
+        self.router = EventRouter(settings, compiled=compiled)
         # Checked as `cdc schemas check` does (a ConfigError when it fails), re-read on a miss or SIGHUP.
-        self.schemas = SchemaSet(
-            settings.schemas_dir, settings.schema_compatibility, compiled=compiled.enabled(settings.fast_path)
-        )
+        self.schemas = SchemaSet(settings.schemas_dir, settings.schema_compatibility, compiled=compiled)
         self.encoder = self.schemas.encoder
         self._reload_requested = False
         self.registry: SchemaRegistry | None = None

@@ -70,6 +70,7 @@ class Pipeline(Lifecycle):
         tracker = self.tracker
         router = self.router
         outbox_insert = self._outbox_insert
+        outbox_row = self._outbox_row
         poll = self.sink.poll
         status_interval = self.settings.status_interval
         heartbeat = self.heartbeat
@@ -81,9 +82,14 @@ class Pipeline(Lifecycle):
                 if data[0] == 0x77:  # 'w' XLogData: 1 tag byte + 24 bytes of envelope, then pgoutput
                     last_wal = data
                     if data[25] == 0x49:  # 'I': the common case, decoded without the generic dispatch
-                        oid, values = decode_insert_tuple(data, offset=25)
-                        if oid == router.outbox_oid:
-                            outbox_insert(values)
+                        read_row = router.row_reader
+                        fields = None if read_row is None else read_row(data)
+                        if fields is not None:
+                            outbox_row(fields)
+                        else:  # the Python path: no compiled reader, or a row it left to this code
+                            oid, values = decode_insert_tuple(data, offset=25)
+                            if oid == router.outbox_oid:
+                                outbox_insert(values)
                     else:
                         self._handle(decode(data[25:]))
                 else:
@@ -130,6 +136,10 @@ class Pipeline(Lifecycle):
             self._dead_letter_raw(exc, self.router.salvage(values))
             return
         self._emit(fields)
+
+    def _outbox_row(self, fields: RowFields) -> None:
+        if not self._skipping:  # exactly-once: a source transaction that a committed Kafka transaction holds
+            self._emit(fields)
 
     def _emit(self, fields: RowFields) -> None:
         """One event (a row or a message): encode and produce it, with a cached (topic, encoder) route."""

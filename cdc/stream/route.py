@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from cdc import fastpath
 from cdc.config import ColumnMap, Settings
 from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError
 from cdc.stream.pgoutput import UNCHANGED_TOAST, Relation, Values
@@ -53,7 +54,9 @@ RowFields = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes | None]
 class EventRouter:
     """Knows the outbox table's layout on the stream and the topic of each event."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, compiled: bool = False) -> None:
+        """``compiled``: :attr:`row_reader` reads outbox rows with the compiled extension
+        (:mod:`cdc.fastpath`)."""
         self._columns: ColumnMap = settings.columns
         self._schema = settings.table.schema
         self._table = settings.table.name
@@ -66,6 +69,10 @@ class EventRouter:
         self._pos_version: int | None = None
         self._pos_headers: int | None = None
         self._salvage: dict[str, int] = {}  # logical field -> position, for salvage()
+        self._compiled = compiled and fastpath.extension is not None
+        # The compiled decode_insert_tuple + row_fields of a whole XLogData message: the row's fields, or None
+        # for anything it does not read (another table, a row row_fields refuses...): then the Python path.
+        self.row_reader: Callable[[bytes], RowFields | None] | None = None
 
     def relation(self, rel: Relation) -> bool:
         """Learn a relation's layout. Returns whether it is the outbox table."""
@@ -97,6 +104,11 @@ class EventRouter:
             f: p for f, p in (*zip(REQUIRED, required, strict=True), *optional.items()) if p is not None
         }
         self.outbox_oid = rel.oid
+        if self._compiled and len(self._pos) == len(REQUIRED):
+            assert fastpath.extension is not None
+            self.row_reader = fastpath.extension.RowReader(
+                rel.oid, self._pos, self._pos_version, self._pos_headers
+            )
         return True
 
     def salvage(self, values: Values) -> dict[str, bytes]:

@@ -24,7 +24,12 @@ enum Num {
 impl<'a> Direct<'a> {
     pub fn new(s: &'a [u8]) -> Option<Self> {
         std::str::from_utf8(s).ok()?; // orjson refuses what is not UTF-8
-        Some(Direct { s, i: 0, tmp: Vec::new(), text: Vec::new() })
+        Some(Direct {
+            s,
+            i: 0,
+            tmp: Vec::new(),
+            text: Vec::new(),
+        })
     }
 
     pub fn encode_document(&mut self, node: &Node, out: &mut Vec<u8>) -> bool {
@@ -101,7 +106,9 @@ impl<'a> Direct<'a> {
                         b'u' => {
                             let hi = self.hex4()?;
                             if (0xD800..0xDC00).contains(&hi) {
-                                if self.s.get(self.i) != Some(&b'\\') || self.s.get(self.i + 1) != Some(&b'u') {
+                                if self.s.get(self.i) != Some(&b'\\')
+                                    || self.s.get(self.i + 1) != Some(&b'u')
+                                {
                                     return None; // a lone surrogate: the reference decides
                                 }
                                 self.i += 2;
@@ -117,7 +124,8 @@ impl<'a> Direct<'a> {
                         _ => return None,
                     };
                     let mut b = [0u8; 4];
-                    self.text.extend_from_slice(ch.encode_utf8(&mut b).as_bytes());
+                    self.text
+                        .extend_from_slice(ch.encode_utf8(&mut b).as_bytes());
                 }
                 0..=0x1f => return None,
                 _ => {
@@ -131,7 +139,9 @@ impl<'a> Direct<'a> {
     fn hex4(&mut self) -> Option<u32> {
         let h = self.s.get(self.i..self.i + 4)?;
         self.i += 4;
-        u32::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok().filter(|_| h.iter().all(u8::is_ascii_hexdigit))
+        u32::from_str_radix(std::str::from_utf8(h).ok()?, 16)
+            .ok()
+            .filter(|_| h.iter().all(u8::is_ascii_hexdigit))
     }
 
     fn str_bytes(&self, span: (usize, usize, bool)) -> &[u8] {
@@ -254,7 +264,9 @@ impl<'a> Direct<'a> {
                 if self.peek() != b'"' {
                     return false;
                 }
-                let Some(span) = self.string() else { return false };
+                let Some(span) = self.string() else {
+                    return false;
+                };
                 let b = self.str_bytes(span);
                 varint(out, (b.len() as u64) << 1);
                 out.extend_from_slice(b);
@@ -264,7 +276,9 @@ impl<'a> Direct<'a> {
                 if self.peek() != b'"' {
                     return false;
                 }
-                let Some(span) = self.string() else { return false };
+                let Some(span) = self.string() else {
+                    return false;
+                };
                 let text = std::str::from_utf8(self.str_bytes(span)).unwrap_or("\u{100}");
                 let mut b = Vec::with_capacity(text.len());
                 for c in text.chars() {
@@ -285,8 +299,12 @@ impl<'a> Direct<'a> {
                 if self.peek() != b'"' {
                     return false;
                 }
-                let Some(span) = self.string() else { return false };
-                let Ok(name) = std::str::from_utf8(self.str_bytes(span)) else { return false };
+                let Some(span) = self.string() else {
+                    return false;
+                };
+                let Ok(name) = std::str::from_utf8(self.str_bytes(span)) else {
+                    return false;
+                };
                 match symbols.get(name) {
                     Some(b) => {
                         out.extend_from_slice(b);
@@ -380,9 +398,14 @@ impl<'a> Direct<'a> {
                 if self.peek() != b'"' {
                     return false;
                 }
-                let Some(span) = self.string() else { return false };
+                let Some(span) = self.string() else {
+                    return false;
+                };
                 let key = self.str_bytes(span);
-                let Some(f) = fields.iter().position(|(name, _, _)| name.as_bytes() == key) else {
+                let Some(f) = fields
+                    .iter()
+                    .position(|(name, _, _)| name.as_bytes() == key)
+                else {
                     return false; // not a field: the reference refuses it
                 };
                 if seen & (1 << f) != 0 {
@@ -415,7 +438,11 @@ impl<'a> Direct<'a> {
                 }
             }
         }
-        let all = if fields.len() == 32 { u32::MAX } else { (1u32 << fields.len()) - 1 };
+        let all = if fields.len() == 32 {
+            u32::MAX
+        } else {
+            (1u32 << fields.len()) - 1
+        };
         if in_order && seen == all {
             return true;
         }

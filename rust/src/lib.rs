@@ -152,7 +152,11 @@ impl Encoder {
 impl Encoder {
     #[new]
     fn new(header: Vec<u8>, program: &Bound<'_, PyAny>, reference: Py<PyAny>) -> PyResult<Self> {
-        Ok(Encoder { header, program: node_from_py(program)?, reference })
+        Ok(Encoder {
+            header,
+            program: node_from_py(program)?,
+            reference,
+        })
     }
 
     fn __call__<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyAny>) -> PyResult<Py<PyAny>> {
@@ -163,13 +167,135 @@ impl Encoder {
     }
 
     /// The compiled result alone, None where it would call the reference (for the differential tests).
-    fn compiled_only<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyAny>) -> Option<Py<PyBytes>> {
-        self.compiled(payload).map(|out| PyBytes::new(py, &out).unbind())
+    fn compiled_only<'py>(
+        &self,
+        py: Python<'py>,
+        payload: &Bound<'py, PyAny>,
+    ) -> Option<Py<PyBytes>> {
+        self.compiled(payload)
+            .map(|out| PyBytes::new(py, &out).unbind())
+    }
+}
+
+/// `RowReader(oid, required, version, headers)(message) -> fields | None`: the outbox row of a whole
+/// XLogData message holding a pgoutput Insert (`cdc.stream.pgoutput.decode_insert_tuple(data, offset=25)`
+/// then `EventRouter.row_fields`), as the tuple `(id, aggregate_type, aggregate_id, event_type,
+/// schema_version, payload, headers)`. None for anything else: another table, a row `row_fields` would
+/// refuse, a value that is unchanged-TOAST or binary, a malformed message. The Python path then reads it,
+/// with its own errors and dead letters.
+#[pyclass(frozen, module = "cdc._fastpath")]
+struct RowReader {
+    oid: u32,
+    required: [usize; 5],
+    version: Option<usize>,
+    headers: Option<usize>,
+    one: Py<PyBytes>,
+}
+
+const ENVELOPE: usize = 25; // 'w' + wal start, wal end, send time
+
+/// The text values of an Insert's new tuple (None for SQL NULL); None when it is not one this reads.
+fn insert_columns(d: &[u8], oid: u32, cols: &mut Vec<Option<(usize, usize)>>) -> Option<()> {
+    if d.len() < ENVELOPE + 8 || d[0] != b'w' || d[ENVELOPE] != b'I' || d[ENVELOPE + 5] != b'N' {
+        return None;
+    }
+    let rel = u32::from_be_bytes(d[ENVELOPE + 1..ENVELOPE + 5].try_into().ok()?);
+    if rel != oid {
+        return None;
+    }
+    let n = u16::from_be_bytes(d[ENVELOPE + 6..ENVELOPE + 8].try_into().ok()?) as usize;
+    let mut p = ENVELOPE + 8;
+    for _ in 0..n {
+        match *d.get(p)? {
+            b'n' => {
+                cols.push(None);
+                p += 1;
+            }
+            b't' => {
+                let len = u32::from_be_bytes(d.get(p + 1..p + 5)?.try_into().ok()?) as usize;
+                let end = (p + 5).checked_add(len)?;
+                if end > d.len() {
+                    return None;
+                }
+                cols.push(Some((p + 5, end)));
+                p = end;
+            }
+            _ => return None, // 'u' unchanged TOAST, 'b' binary: the Python path decides
+        }
+    }
+    if p != d.len() {
+        return None;
+    }
+    Some(())
+}
+
+#[pymethods]
+impl RowReader {
+    #[new]
+    #[pyo3(signature = (oid, required, version, headers))]
+    fn new(
+        py: Python<'_>,
+        oid: u32,
+        required: [usize; 5],
+        version: Option<usize>,
+        headers: Option<usize>,
+    ) -> Self {
+        RowReader {
+            oid,
+            required,
+            version,
+            headers,
+            one: PyBytes::new(py, b"1").unbind(),
+        }
+    }
+
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        message: &Bound<'py, PyBytes>,
+    ) -> Option<Bound<'py, PyTuple>> {
+        let d = message.as_bytes();
+        let mut cols: Vec<Option<(usize, usize)>> = Vec::with_capacity(16);
+        insert_columns(d, self.oid, &mut cols)?;
+        let text = |p: usize| -> Option<Bound<'py, PyBytes>> {
+            let (a, b) = (*cols.get(p)?)?;
+            Some(PyBytes::new(py, &d[a..b]))
+        };
+        let version = match self.version {
+            None => self.one.bind(py).clone(),
+            Some(p) => {
+                let (a, b) = (*cols.get(p)?)?;
+                let v = &d[a..b];
+                if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+                    return None;
+                }
+                PyBytes::new(py, v)
+            }
+        };
+        let headers = match self.headers {
+            None => None,
+            Some(p) => match *cols.get(p)? {
+                None => None,
+                Some((a, b)) => Some(PyBytes::new(py, &d[a..b])),
+            },
+        };
+        let [id, at, aid, et, payload] = self.required;
+        let fields = (
+            text(id)?,
+            text(at)?,
+            text(aid)?,
+            text(et)?,
+            version,
+            text(payload)?,
+            headers,
+        );
+        fields.into_pyobject(py).ok()
     }
 }
 
 #[pymodule]
 fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
+    m.add_class::<RowReader>()?;
     Ok(())
 }

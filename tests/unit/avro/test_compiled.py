@@ -20,10 +20,10 @@ import orjson
 import pytest
 from fastavro import parse_schema
 
+from cdc import fastpath
 from cdc.avro import compiled
 from cdc.avro.encoder import MAGIC, AvroEncoder
 from cdc.avro.store import SchemaStore
-from cdc.errors import ConfigError
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.filterwarnings("error")
 
 @pytest.fixture(autouse=True)
 def _built() -> None:
-    if not compiled.available():
+    if not fastpath.available():
         message = "cdc._fastpath is not built (cargo 1.77+ on PATH, then `make install`)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message}: under CI=true the compiled encoder must be tested", pytrace=False)
@@ -326,17 +326,3 @@ def test_the_project_schemas_are_taken_and_framed_as_the_reference_frames_them(t
 def test_a_schema_with_a_part_the_compiled_encoder_does_not_take_keeps_the_reference(field: Any) -> None:
     schema = parse_schema({"type": "record", "name": "R", "fields": [{"name": "f", "type": field}]})
     assert compiled.program(schema) is None
-
-
-def test_fast_path_off_required_and_missing(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
-    caplog.set_level("INFO", logger="cdc.schemas")
-    assert compiled.enabled("auto") and compiled.enabled("required")
-    assert not compiled.enabled("off")
-    monkeypatch.setattr(compiled, "_fastpath", None)
-    assert not compiled.enabled("auto")
-    assert "is not installed" in caplog.text
-    with pytest.raises(ConfigError, match="setting 'fast_path' is 'required'") as refused:
-        compiled.enabled("required")
-    assert refused.value.key == "fast_path"
-    encoder = AvroEncoder(SchemaStore(SCHEMAS)).encoder_for("OrderPlaced", 1)
-    assert type(encoder).__name__ == "function", "without the extension: the Python encoder"

@@ -1,0 +1,63 @@
+"""cdc.fastpath: the setting fast_path, with and without the compiled extension."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc import fastpath
+from cdc.avro.encoder import AvroEncoder
+from cdc.avro.store import SchemaStore
+from cdc.config import load_settings
+from cdc.errors import ConfigError
+from cdc.stream.pgoutput import Column, Relation
+from cdc.stream.route import EventRouter
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def _router(compiled: bool) -> EventRouter:
+    settings = load_settings(
+        config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"}, overrides={}
+    )
+    router = EventRouter(settings, compiled=compiled)
+    names = ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers"]
+    router.relation(Relation(42, "public", "outbox", "d", tuple(Column(n, 25, -1, False) for n in names)))
+    return router
+
+
+def test_without_the_extension_auto_falls_back_and_required_refuses(
+    monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    caplog.set_level("INFO", logger="cdc.pipeline")
+    monkeypatch.setattr(fastpath, "extension", None)
+    assert not fastpath.enabled("auto")
+    assert "hot path: Python, slower: the compiled extension cdc._fastpath is not installed" in caplog.text
+    with pytest.raises(ConfigError, match="setting 'fast_path' is 'required' but") as refused:
+        fastpath.enabled("required")
+    assert refused.value.key == "fast_path"
+    encoder = AvroEncoder(SchemaStore(SCHEMAS)).encoder_for("OrderPlaced", 1)
+    assert type(encoder).__name__ == "function", "the Python encoder"
+    assert _router(compiled=True).row_reader is None
+
+
+def test_off_is_python_everywhere(caplog: Any) -> None:
+    caplog.set_level("INFO", logger="cdc.pipeline")
+    assert not fastpath.enabled("off")
+    assert "hot path: Python (fast_path = off)" in caplog.text
+    assert _router(compiled=False).row_reader is None
+    encoder = AvroEncoder(SchemaStore(SCHEMAS), compiled=False).encoder_for("OrderPlaced", 1)
+    assert type(encoder).__name__ == "function"
+
+
+def test_with_the_extension_auto_and_required_use_it(caplog: Any) -> None:
+    if not fastpath.available():
+        pytest.skip("cdc._fastpath is not built (tests/unit/avro/test_compiled.py fails under CI=true then)")
+    caplog.set_level("INFO", logger="cdc.pipeline")
+    assert fastpath.enabled("auto") and fastpath.enabled("required")
+    assert "hot path: compiled" in caplog.text
+    assert _router(compiled=True).row_reader is not None
+    encoder = AvroEncoder(SchemaStore(SCHEMAS)).encoder_for("OrderPlaced", 1)
+    assert type(encoder).__name__ == "Encoder"

@@ -95,8 +95,8 @@ class PipelineCollector(Collector):
             "cdc_in_flight_events", "Events produced, not yet acknowledged", value=p.tracker.in_flight
         )
         yield GaugeMetricFamily(
-            "cdc_compiled_encoder",
-            "1: Avro is encoded by the compiled extension (fast_path); 0: by the Python encoder alone",
+            "cdc_compiled_hot_path",
+            "1: outbox rows are read and encoded by the compiled extension (fast_path); 0: by Python alone",
             value=int(p.schemas.compiled),
         )
         yield CounterMetricFamily(

@@ -59,9 +59,9 @@ def test_metrics_health_and_readiness_and_nothing_secret_leaks(outbox, pipeline_
     assert metric(text, "cdc_delivery_errors_total") == 0
     assert metric(text, "cdc_producer_queue_depth") == 0
     assert metric(text, "cdc_replication_lag_bytes") >= 0
-    # `make install` builds the compiled encoder wherever cargo is, as in CI: the run says it uses it.
-    assert metric(text, "cdc_compiled_encoder") == 1
-    assert "Avro encoding: compiled (cdc._fastpath)" in proc.log()
+    # `make install` builds the compiled extension wherever cargo is, as in CI: the run says it uses it.
+    assert metric(text, "cdc_compiled_hot_path") == 1
+    assert "hot path: compiled (cdc._fastpath" in proc.log()
     assert get(port, "/nope")[0] == 404
 
     assert proc.terminate() == 0

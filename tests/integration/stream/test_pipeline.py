@@ -514,7 +514,7 @@ def test_sigterm_mid_stream_exits_0_never_confirms_too_far_and_a_restart_deliver
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
     txns, txn_index, confirmed, complete, arrived, commit_lsn, _ = sigterm_mid_stream(
-        outbox, pipeline_process, consume, kafka_bootstrap, [(30_000, 100)]
+        outbox, pipeline_process, consume, kafka_bootstrap, [(120_000, 100)]
     )
     topic = outbox.topic("order")
     # Never past what arrived: not beyond the first transaction that did not arrive whole.
@@ -551,13 +551,15 @@ def test_sigterm_mid_stream_exits_0_never_confirms_too_far_and_a_restart_deliver
 def test_sigterm_mid_stream_confirms_exactly_the_last_transaction_that_arrived(
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
-    # More than the socket buffers hold after the stop: the walsender still has data to send at the exit.
+    # More than the socket buffers hold after the stop: the walsender still has data to send at the exit. The
+    # sizes of both tests scale with the pipeline's speed: 40 transactions are confirmed (what the SIGTERM
+    # waits for) while it reads on, so the rest must outlast that lag (at 150,000 events/s, 30,000 did not).
     txns, _, confirmed, complete, _, commit_lsn, proc = sigterm_mid_stream(
         outbox,
         pipeline_process,
         consume,
         kafka_bootstrap,
-        [(10_000, 100), (40_000, 1000)],
+        [(10_000, 100), (160_000, 1000)],
         slow_walsender=True,
     )
     last = complete - 1

@@ -35,13 +35,12 @@ MAX_FIELDS: Final = 32  # the compiled record tracks its fields in a 32-bit set
 _PLAIN: Final = {"null", "boolean", "int", "long", "float", "double", "string"}
 
 
-def encoder(header: bytes, parsed: Any, reference: Callable[[Any], bytes]) -> Callable[[Any], bytes] | None:
-    """``reference`` made faster: the compiled encoder for ``parsed``, falling back on ``reference``; None
-    when the extension is missing or the schema has a part it does not take."""
-    if fastpath.extension is None:
-        return None
-    prog = program(parsed)
-    if prog is None:
+def encoder(
+    header: bytes, prog: tuple[Any, ...] | None, reference: Callable[[Any], bytes]
+) -> Callable[[Any], bytes] | None:
+    """``reference`` made faster: the compiled encoder of the :func:`program` ``prog``, falling back on
+    ``reference``; None when the extension is missing or the schema has no program."""
+    if fastpath.extension is None or prog is None:
         return None
     fast: Callable[[Any], bytes] = fastpath.extension.Encoder(header, prog, reference)
     return fast

@@ -50,6 +50,7 @@ from typing import Any, Final
 
 import orjson
 
+from cdc import fastpath
 from cdc.avro import compiled
 from cdc.avro.codegen import EncodeFn, build
 from cdc.avro.kinds import BadSchema, check_schema
@@ -86,8 +87,9 @@ class AvroEncoder:
         """``compiled``: :meth:`encoder_for` hands out the compiled encoder (:mod:`cdc.avro.compiled`)
         where the extension is built and takes the schema; the Python one otherwise."""
         self.store = store
-        self.compiled = compiled
+        self.compiled = compiled and fastpath.available()
         self._compiled: dict[tuple[str, int], _Compiled] = {}
+        self._programs: dict[tuple[str, int], tuple[Any, ...] | None] = {}  # for the compiled encoder
 
     def encode(self, event_type: str, schema_version: int, payload: Payload) -> bytes:
         """Single-object encoding ``C3 01`` + fingerprint + body; SchemaNotFoundError, PayloadInvalidError."""
@@ -110,7 +112,10 @@ class AvroEncoder:
             return _run(fn, what, loads, payload, bytearray(header))
 
         if self.compiled:
-            fast = compiled.encoder(header, self.store.get(event_type, schema_version).parsed, encode)
+            key = (event_type, schema_version)
+            if key not in self._programs:
+                self._programs[key] = compiled.program(self.store.get(*key).parsed)
+            fast = compiled.encoder(header, self._programs[key], encode)
             if fast is not None:
                 return fast
         return encode

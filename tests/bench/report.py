@@ -20,21 +20,31 @@ TARGETS: dict[str, Any] = {
     "pipeline_events_per_s_min": 50_000,
     "latency_p99_ms_max": 50,
     "latency_offered_events_per_s": 10_000,
-    "rss_peak_mb_max": 200,
+    "rss_peak_mb_max": 100,  # issue 15
     "rss_flat_growth_mb_max": "10 MB or 10 % of the peak, from 10 % to 90 % of a phase",
-    # Of the bulk-reading bare reader, whose rate depends on the transport: measured with
-    # `make bench BENCH_ARGS="--events 200000 --repeat 2 [--unix-socket]"` on the 2-core VM, 2026-12-04
-    # (load average ~3 from other work): over TCP bare 82,500 events/s (its walsender spends ~9 µs per
-    # event when its reader keeps up, and bounds it), cdc run 55,200 (0.67); over the Unix socket bare
-    # 139,100, cdc run 44,600 (0.32).
-    "pipeline_to_bare_ratio_min": {"tcp": 0.5, "unix": 0.3},
+    # Issue 15's targets hold over TCP, the stack's transport, as the issue measured: at least 0.9 of the
+    # bulk-reading bare reader and at most 8 µs of CPU per event (at-least-once, librdkafka's threads
+    # included). Measured with the compiled hot path, 2026-12-04 on the 2-core VM: `make bench` (1M events)
+    # 1.16 and 6.7 µs; `BENCH_ARGS="--events 200000 --repeat 2 --unix-socket"` 0.60 and 8.9 µs (the Unix
+    # socket's bare reader reads 176,100 events/s, its walsender spending 5.6 µs per event against 8.6 over
+    # TCP; `cdc run` reads that socket less well), so there the targets are those figures' floor.
+    "pipeline_to_bare_ratio_min": {"tcp": 0.9, "unix": 0.5},
+    "pipeline_cpu_us_per_event_max": {"tcp": 8.0, "unix": 10.0},
     # Issue 13; measured 0.73 over TCP, 0.62 over the Unix socket in those runs.
     "exactly_once_to_at_least_once_min": 0.7,
 }
 
 
 def ratio_target(result: dict[str, Any]) -> float:
-    targets: dict[str, float] = TARGETS["pipeline_to_bare_ratio_min"]
+    return _by_transport(result, "pipeline_to_bare_ratio_min")
+
+
+def cpu_target(result: dict[str, Any]) -> float:
+    return _by_transport(result, "pipeline_cpu_us_per_event_max")
+
+
+def _by_transport(result: dict[str, Any], name: str) -> float:
+    targets: dict[str, float] = TARGETS[name]
     return targets.get(str(result.get("config", {}).get("transport")), targets["tcp"])
 
 
@@ -78,6 +88,7 @@ def throughput(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "transport": ", ".join(transports) or None,
         "bare_events_per_s": rate.get("bare"),
         "pipeline_events_per_s": rate.get("cdc"),
+        "pipeline_cpu_us_per_event": next((r["cpu_us_per_event"] for r in rows if r["relay"] == "cdc"), None),
         "exactly_once_events_per_s": rate.get("cdc-eo"),
         "ratio": ratio("cdc", "bare"),
         "exactly_once_to_bare": ratio("cdc-eo", "bare"),
@@ -104,12 +115,15 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
         "latency_p99": None,
         "rss": None,
         "ratio": None,
+        "cpu": None,
         "exactly_once_ratio": None,
     }
     if tp.get("pipeline_events_per_s") is not None:
         out["throughput"] = tp["pipeline_events_per_s"] >= TARGETS["pipeline_events_per_s_min"]
     if tp.get("ratio") is not None:
         out["ratio"] = tp["ratio"] >= ratio_target(result)
+    if tp.get("pipeline_cpu_us_per_event") is not None:
+        out["cpu"] = tp["pipeline_cpu_us_per_event"] <= cpu_target(result)
     if tp.get("exactly_once_to_at_least_once") is not None:
         out["exactly_once_ratio"] = (
             tp["exactly_once_to_at_least_once"] >= TARGETS["exactly_once_to_at_least_once_min"]
@@ -164,7 +178,9 @@ def summary(result: dict[str, Any]) -> list[str]:
             "arrival); peak RSS = VmHWM",
             f"               cdc run >= {TARGETS['pipeline_events_per_s_min']:,} events/s: "
             f"{_flag(v.get('throughput'))}; of bare >= {ratio_target(result)}: "
-            f"{_flag(v.get('ratio'))} ({_n(tp.get('ratio'), 2)}); exactly-once of at-least-once >= "
+            f"{_flag(v.get('ratio'))} ({_n(tp.get('ratio'), 2)}); CPU <= {cpu_target(result):g} µs/event: "
+            f"{_flag(v.get('cpu'))} ({_n(tp.get('pipeline_cpu_us_per_event'), 1)}); "
+            "exactly-once of at-least-once >= "
             f"{TARGETS['exactly_once_to_at_least_once_min']}: {_flag(v.get('exactly_once_ratio'))} "
             f"({_n(tp.get('exactly_once_to_at_least_once'), 2)})",
         ]

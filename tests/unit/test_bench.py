@@ -73,9 +73,13 @@ def test_verdicts_take_vmhwm_as_the_peak_and_the_exactly_once_ratio_from_issue_1
     result = {"throughput": {"runs": [dict(r, rss=flat) for r in RUNS], **tp}}
     v = verdicts(result)
     assert v["throughput"] is True  # 63,000 >= 50,000
-    assert v["ratio"] is False  # 0.45 < 0.5 over TCP, the default
+    assert v["ratio"] is False  # 0.45 < 0.9 over TCP, the default
+    assert v["cpu"] is False  # the median 14.5 µs > 8 over TCP
     result["config"] = {"transport": "unix"}
-    assert verdicts(result)["ratio"] is True  # >= 0.3 over the Unix socket
+    assert verdicts(result)["ratio"] is False  # < 0.5 over the Unix socket
+    fast = [dict(r, cpu_us_per_event=7.0, events_per_s=140_000) if r["relay"] == "cdc" else r for r in RUNS]
+    quick = verdicts({"throughput": {"runs": fast, **throughput(fast)}})
+    assert quick["ratio"] is True and quick["cpu"] is True  # 1.0 of bare, 7 µs
     assert v["exactly_once_ratio"] is True  # 0.738
     assert v["rss"] is True
     heavy = [dict(r, peak_rss_mb=250.0) if r["relay"] == "cdc-eo" else r for r in RUNS]
@@ -95,7 +99,7 @@ def test_the_summary_shows_the_table_the_transport_and_every_pass():
     assert "| bare reader (the ceiling: counts Inserts) (median of 2) | 140,000 | 1.00 |" in text
     assert "  cdc-eo #1: 48,000 events/s, 15.0 µs/event (walsender 6.2), VmHWM 75 MB" in text
     assert "exactly-once of at-least-once >= 0.7: PASS (0.74)" in text
-    assert "of bare >= 0.3: PASS (0.45)" in text
+    assert "of bare >= 0.5: FAIL (0.45); CPU <= 10 µs/event: FAIL (14.5)" in text
 
 
 def test_the_transport_is_read_from_libpq_s_host():

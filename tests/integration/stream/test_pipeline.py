@@ -270,11 +270,11 @@ def test_broker_outage_holds_the_confirmed_lsn_back_then_everything_arrives(
 def test_kill_9_mid_stream_loses_nothing_and_duplicates_at_most_the_in_flight_window(
     outbox, pipeline_process, consume, kafka_bootstrap
 ):
-    max_in_flight, per_txn, total = 5000, 100, 50_000
+    max_in_flight, per_txn, total = 5000, 100, 100_000
     txns = outbox.bulk(total, per_transaction=per_txn, aggregates=200)
     topic = outbox.topic("order")
     proc = pipeline_process(CDC_MAX_IN_FLIGHT=str(max_in_flight))
-    # Kill once the slot has confirmed a fifth of the transactions.
+    # Kill once the slot has confirmed a tenth of the transactions.
     wait_until(lambda: outbox.confirmed_lsn() > txns[100].lsn_before, 60, "100 transactions confirmed", 0.02)
     assert proc.kill() == -9
     confirmed_at_kill = outbox.confirmed_lsn()

@@ -1,10 +1,22 @@
-# The compiled extension (rust/src/lib.rs), built by `make install` when cargo is on PATH; cdc.avro.compiled.
+# The compiled extension (rust/src/lib.rs), built by `make install` when cargo is on PATH: cdc.fastpath.
 from collections.abc import Callable
 from typing import Any
 
 class Encoder:
+    """cdc.avro.compiled: a JSON payload to the header + Avro body; `reference` for what it is not sure of."""
+
     def __init__(
         self, header: bytes, program: tuple[Any, ...], reference: Callable[[Any], bytes]
     ) -> None: ...
     def __call__(self, payload: Any) -> bytes: ...
     def compiled_only(self, payload: Any) -> bytes | None: ...
+
+class RowReader:
+    """cdc.stream.route: a whole XLogData Insert of the outbox table to its row's fields, or None."""
+
+    def __init__(
+        self, oid: int, required: tuple[int, ...], version: int | None, headers: int | None
+    ) -> None: ...
+    def __call__(
+        self, message: bytes
+    ) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes | None] | None: ...

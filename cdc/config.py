@@ -192,9 +192,7 @@ class Settings:
     transaction_max_seconds: float = 0.25
     log_level: str = "INFO"
     log_format: str = "text"
-    fast_path: str = (
-        "auto"  # the compiled Avro encoder: "auto" when built, "off", "required" (cdc.avro.compiled)
-    )
+    fast_path: str = "auto"  # the compiled hot path: when built, "off" or "required" (cdc.fastpath)
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def redacted(self) -> dict[str, object]:

@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.plugins.proxy",
     "tests.plugins.avro_reference",
     "tests.plugins.avro_java",
+    "tests.plugins.fastpath",
 ]

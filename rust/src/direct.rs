@@ -136,6 +136,19 @@ impl<'a> Direct<'a> {
         }
     }
 
+    /// After an array item or a record member: Some(false) past a ',', Some(true) past `close`, None for
+    /// anything else.
+    fn next_item(&mut self, close: u8) -> Option<bool> {
+        self.ws();
+        let c = self.peek();
+        if c == b',' || c == close {
+            self.i += 1;
+            Some(c == close)
+        } else {
+            None
+        }
+    }
+
     fn hex4(&mut self) -> Option<u32> {
         let h = self.s.get(self.i..self.i + 4)?;
         self.i += 4;
@@ -152,28 +165,30 @@ impl<'a> Direct<'a> {
         }
     }
 
+    /// Past a run of ASCII digits: how many.
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while self.peek().is_ascii_digit() {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
     fn number(&mut self) -> Option<Num> {
         let start = self.i;
         if self.peek() == b'-' {
             self.i += 1;
         }
-        let digits = self.i;
-        while self.peek().is_ascii_digit() {
-            self.i += 1;
-        }
-        let nd = self.i - digits;
-        if nd == 0 || (nd > 1 && self.s[digits] == b'0') {
+        let first = self.i;
+        let nd = self.digits();
+        if nd == 0 || (nd > 1 && self.s[first] == b'0') {
             return None;
         }
         let mut float = false;
         if self.peek() == b'.' {
             float = true;
             self.i += 1;
-            let f = self.i;
-            while self.peek().is_ascii_digit() {
-                self.i += 1;
-            }
-            if self.i == f {
+            if self.digits() == 0 {
                 return None;
             }
         }
@@ -183,11 +198,7 @@ impl<'a> Direct<'a> {
             if matches!(self.peek(), b'+' | b'-') {
                 self.i += 1;
             }
-            let f = self.i;
-            while self.peek().is_ascii_digit() {
-                self.i += 1;
-            }
-            if self.i == f {
+            if self.digits() == 0 {
                 return None;
             }
         }
@@ -332,14 +343,10 @@ impl<'a> Direct<'a> {
                         return false;
                     }
                     n += 1;
-                    self.ws();
-                    match self.peek() {
-                        b',' => self.i += 1,
-                        b']' => {
-                            self.i += 1;
-                            break;
-                        }
-                        _ => return false,
+                    match self.next_item(b']') {
+                        Some(false) => {}
+                        Some(true) => break,
+                        None => return false,
                     }
                 }
                 let mut count = Vec::with_capacity(4);
@@ -427,14 +434,10 @@ impl<'a> Direct<'a> {
                     in_order = false;
                 }
                 last = f as isize;
-                self.ws();
-                match self.peek() {
-                    b',' => self.i += 1,
-                    b'}' => {
-                        self.i += 1;
-                        break;
-                    }
-                    _ => return false,
+                match self.next_item(b'}') {
+                    Some(false) => {}
+                    Some(true) => break,
+                    None => return false,
                 }
             }
         }

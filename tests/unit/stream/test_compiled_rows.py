@@ -11,28 +11,19 @@ versions and headers, cut short or with bytes to spare.
 
 from __future__ import annotations
 
-import os
 import random
 import struct
 from typing import Any
 
 import pytest
 
-from cdc import fastpath
 from cdc.config import load_settings
 from cdc.errors import CdcError
 from cdc.stream.pgoutput import Column, Relation, decode_insert_tuple
 from cdc.stream.route import EventRouter
 from tests.unit.stream.test_pgoutput import CAPTURES, INDEX, records
 
-
-@pytest.fixture(autouse=True)
-def _built() -> None:
-    if not fastpath.available():
-        message = "cdc._fastpath is not built (cargo 1.77+ on PATH, then `make install`)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}: under CI=true the compiled row reader must be tested", pytrace=False)
-        pytest.skip(message)
+pytestmark = pytest.mark.usefixtures("compiled_extension")
 
 
 FIELDS = ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers"]

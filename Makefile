@@ -10,10 +10,14 @@ STAMP := $(VENV)/.installed
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
+# rustup puts cargo in ~/.cargo/bin, which only a new login shell adds to PATH: the install looks there too,
+# to build the compiled hot path (rust/; without cargo the install is pure Python).
+CARGO_BIN := $(HOME)/.cargo/bin
+
 $(STAMP): pyproject.toml rust/Cargo.toml $(wildcard rust/src/*.rs)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	PATH="$(CARGO_BIN):$$PATH" $(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv with the project (editable) and the dev tools

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import logging
 from types import ModuleType
-from typing import Final
 
 from cdc.errors import ConfigError
 
-__all__ = ["MODES", "available", "enabled", "extension"]
+__all__ = ["available", "enabled", "extension"]
 
 log = logging.getLogger("cdc.pipeline")
-
-MODES: Final = ("auto", "off", "required")
 
 extension: ModuleType | None
 try:

@@ -104,7 +104,7 @@ class EventRouter:
             f: p for f, p in (*zip(REQUIRED, required, strict=True), *optional.items()) if p is not None
         }
         self.outbox_oid = rel.oid
-        if self._compiled and len(self._pos) == len(REQUIRED):
+        if self._compiled:
             assert fastpath.extension is not None
             self.row_reader = fastpath.extension.RowReader(
                 rel.oid, self._pos, self._pos_version, self._pos_headers

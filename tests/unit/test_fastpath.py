@@ -10,22 +10,17 @@ import pytest
 from cdc import fastpath
 from cdc.avro.encoder import AvroEncoder
 from cdc.avro.store import SchemaStore
-from cdc.config import load_settings
 from cdc.errors import ConfigError
-from cdc.stream.pgoutput import Column, Relation
 from cdc.stream.route import EventRouter
+from tests.unit.stream.test_route import DEFAULT_COLUMNS, relation, router
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def _router(compiled: bool) -> EventRouter:
-    settings = load_settings(
-        config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"}, overrides={}
-    )
-    router = EventRouter(settings, compiled=compiled)
-    names = ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers"]
-    router.relation(Relation(42, "public", "outbox", "d", tuple(Column(n, 25, -1, False) for n in names)))
-    return router
+    routed = router(compiled=compiled)
+    routed.relation(relation(DEFAULT_COLUMNS))
+    return routed
 
 
 def test_without_the_extension_auto_falls_back_and_required_refuses(

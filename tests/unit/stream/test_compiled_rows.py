@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from cdc.config import load_settings
 from cdc.errors import CdcError
-from cdc.stream.pgoutput import Column, Relation, decode_insert_tuple
+from cdc.stream.pgoutput import decode_insert_tuple
 from cdc.stream.route import EventRouter
 from tests.unit.stream.test_pgoutput import CAPTURES, INDEX, records
+from tests.unit.stream.test_route import relation, router
 
 pytestmark = pytest.mark.usefixtures("compiled_extension")
 
@@ -33,13 +33,10 @@ def _router(names: list[str], oid: int, *, table: str = "outbox", **columns: Any
     overrides: dict[str, Any] = {"table": f"public.{table}"}
     if columns:
         overrides["columns"] = columns
-    settings = load_settings(
-        config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"}, overrides=overrides
-    )
-    router = EventRouter(settings, compiled=True)
-    router.relation(Relation(oid, "public", table, "d", tuple(Column(n, 25, -1, False) for n in names)))
-    assert router.row_reader is not None
-    return router
+    compiled = router(compiled=True, **overrides)
+    compiled.relation(relation(names, oid=oid, name=table))
+    assert compiled.row_reader is not None
+    return compiled
 
 
 def _python(router: EventRouter, data: bytes) -> Any:
@@ -83,11 +80,11 @@ def _insert(oid: int, cols: list[tuple[str, bytes | None]]) -> bytes:
 def test_captured_traffic_reads_as_python_reads_it() -> None:
     taken = 0
     for name in CAPTURES:
-        for relation in INDEX["relations"].values():
-            names = [c["name"] if isinstance(c, dict) else c for c in relation.get("columns", [])]
+        for captured in INDEX["relations"].values():
+            names = [c["name"] if isinstance(c, dict) else c for c in captured.get("columns", [])]
             if not set(FIELDS[:4]) | {"payload"} <= set(names):
                 continue
-            router = _router(names, relation["oid"], table=relation.get("name", "outbox"))
+            router = _router(names, captured["oid"], table=captured.get("name", "outbox"))
             for data in records(name):
                 if data[:1] == b"w" and len(data) > 25 and data[25] == 0x49:
                     taken += _check(router, data)

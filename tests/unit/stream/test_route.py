@@ -20,11 +20,11 @@ DEFAULT_COLUMNS = [
 ]
 
 
-def router(**overrides) -> EventRouter:
+def router(*, compiled: bool = False, **overrides) -> EventRouter:
     settings = load_settings(
         config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/db"}, overrides=overrides
     )
-    return EventRouter(settings)
+    return EventRouter(settings, compiled=compiled)
 
 
 def relation(names, *, oid=42, namespace="public", name="outbox") -> Relation:

@@ -67,7 +67,7 @@ class Plan:
 
     def describe(self) -> str:
         lines = [f"slot {self.slot}: {self.state}"]
-        if self.saved is not None:
+        if self.saved is not None and self.saved.confirmed_lsn is not None and self.saved.commit_time:
             lines.append(
                 f"last saved position: LSN {format_lsn(self.saved.confirmed_lsn)}, last acknowledged outbox "
                 f"transaction committed {_iso(self.saved.commit_time)}"
@@ -107,13 +107,14 @@ def plan(
         saved = read_position(conn, settings)
         state = _slot_state(conn, settings, saved)
         if since is None:
-            if saved is None:
+            start = None if saved is None else saved.commit_time or saved.slot_created_at
+            if start is None:
                 raise RecoveryRefusedError(
                     f"no saved position for slot '{settings.slot}' in {checkpoint_table(settings)} (the "
                     "pipeline writes it once Kafka acknowledged an outbox transaction): give the time to "
                     "republish from with --since"
                 )
-            since = saved.commit_time - margin
+            since = start - margin
         table = sql.Identifier(settings.table.schema, settings.table.name)
         created = sql.Identifier(created_at)
         oldest, rows = _fetch(

@@ -126,7 +126,8 @@ def _slot_status(settings: Settings) -> SlotStatus:
     server = current[1] if current else None
     recovery: dict[str, Any] = {}
     if saved is not None:
-        recovery["saved_commit_time"] = saved.commit_time.astimezone(UTC).isoformat()
+        if saved.commit_time is not None:
+            recovery["saved_commit_time"] = saved.commit_time.astimezone(UTC).isoformat()
         if saved.recovering_since is not None:
             recovery["recovering_since"] = saved.recovering_since.astimezone(UTC).isoformat()
     if row is None:

@@ -49,10 +49,14 @@ class SavedPosition:
     """A slot's row of ``cdc_checkpoint``."""
 
     slot: str
-    confirmed_lsn: int
-    commit_time: datetime  # of the last outbox transaction Kafka acknowledged at or before confirmed_lsn
+    confirmed_lsn: int | None  # None: the slot has acknowledged nothing yet (a row of `cdc setup`'s)
+    commit_time: datetime | None  # of the last outbox transaction Kafka acknowledged up to confirmed_lsn
     updated_at: datetime
     recovering_since: datetime | None
+    # The slot's identity, from `cdc setup` or `cdc recover` (None for a slot of an older setup).
+    slot_created_lsn: int | None = None
+    slot_created_at: datetime | None = None
+    pruned_until: datetime | None = None  # the newest row `cdc outbox prune` deleted
 
 
 def read_position(conn: psycopg.Connection[Any], settings: Settings) -> SavedPosition | None:
@@ -65,13 +69,24 @@ def _read(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition
     if not exists or not exists[0]:
         return None
     row = conn.execute(
-        "SELECT (confirmed_lsn - '0/0'::pg_lsn)::bigint, commit_time, updated_at, recovering_since"
+        "SELECT (confirmed_lsn - '0/0'::pg_lsn)::bigint, commit_time, updated_at, recovering_since,"
+        " (slot_created_lsn - '0/0'::pg_lsn)::bigint, slot_created_at, pruned_until"
         f" FROM {table} WHERE slot = %s",
         (slot,),
     ).fetchone()
     if row is None:
         return None
-    return SavedPosition(slot, int(row[0]), row[1], row[2], row[3])
+    lsn, commit_time, updated_at, recovering_since, created_lsn, created_at, pruned_until = row
+    return SavedPosition(
+        slot,
+        None if lsn is None else int(lsn),
+        commit_time,
+        updated_at,
+        recovering_since,
+        slot_created_lsn=None if created_lsn is None else int(created_lsn),
+        slot_created_at=created_at,
+        pruned_until=pruned_until,
+    )
 
 
 def check_not_recovering(conn: psycopg.Connection[Any], table: str, slot: str) -> None:

@@ -200,6 +200,8 @@ listen_addresses = '127.0.0.1'
 port = $PG_PORT
 unix_socket_directories = '$PG_RUN'
 wal_level = logical
+# `cdc recover` selects the rows a lost slot may not have delivered by their commit time.
+track_commit_timestamp = on
 max_replication_slots = 64
 max_wal_senders = 64
 max_connections = 200

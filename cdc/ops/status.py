@@ -6,6 +6,7 @@ as an alerting check: a missing or invalidated slot is an error (non-zero exit),
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,7 @@ from cdc.errors import (
     SlotActiveError,
     SlotInvalidatedError,
     SlotMissingError,
+    SourceConnectionError,
     format_lsn,
     parse_lsn,
 )
@@ -28,8 +30,10 @@ from cdc.pg import connect
 from cdc.stream import failover
 from cdc.stream.heartbeat import heartbeat_table
 from cdc.stream.progress import checkpoint_table, read_position
-from cdc.stream.source import quote_ident
-from cdc.stream.transactions import read_checkpoint
+from cdc.stream.source import quote_ident, slot_identity
+from cdc.stream.transactions import forget_checkpoint, read_checkpoint
+
+log = logging.getLogger("cdc.status")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +97,8 @@ def slot_status(settings: Settings) -> SlotStatus:
     if settings.delivery != "exactly-once":
         return status
     try:
-        checkpoint = read_checkpoint(settings, timeout=10)
-    except (SinkError, KafkaException) as exc:
+        checkpoint = read_checkpoint(settings, slot_identity(settings).key, timeout=10)
+    except (SinkError, KafkaException, SourceConnectionError) as exc:
         return replace(status, delivery=settings.delivery, checkpoint_problem=str(exc))
     if checkpoint is None:
         return replace(status, delivery=settings.delivery, checkpoint_problem="no checkpoint committed yet")
@@ -212,8 +216,10 @@ def render(status: SlotStatus) -> str:
 
 
 def teardown(settings: Settings) -> list[str]:
-    """Drop the slot and the publication. Refuses while the slot is in use; the table is left alone."""
+    """Drop the slot and the publication. Refuses while the slot is in use; the table is left alone. With
+    exactly-once delivery, the slot's checkpoint in Kafka is forgotten too (a tombstone)."""
     done = []
+    identity = slot_identity(settings) if settings.delivery == "exactly-once" else None
     with connect(settings.database_url) as conn:
         row = conn.execute(
             "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = %s", (settings.slot,)
@@ -238,4 +244,19 @@ def teardown(settings: Settings) -> list[str]:
             done.append(f"dropped publication {settings.publication}")
         else:
             done.append(f"publication {settings.publication} was not there")
+    if identity is not None:
+        done.append(forget_slot_checkpoint(settings, identity.key))
     return done
+
+
+def forget_slot_checkpoint(settings: Settings, key: bytes) -> str:
+    """A tombstone for the slot's exactly-once checkpoint; best effort: the key names the slot's creation
+    point, so a slot made again never reads the old checkpoint anyway."""
+    try:
+        written = forget_checkpoint(settings, key, timeout=10)
+    except SinkError as exc:
+        log.warning("the slot's checkpoint in Kafka was not forgotten (%s): it is never read again", exc)
+        return f"could not write a tombstone for checkpoint {key.decode()} in {settings.checkpoint_topic}"
+    if not written:
+        return f"no checkpoint topic {settings.checkpoint_topic}"
+    return f"wrote a tombstone for checkpoint {key.decode()} in {settings.checkpoint_topic}"

@@ -23,6 +23,7 @@ from cdc.errors import (
     DeliveryError,
     DeliveryRefusedError,
     ProducerFencedError,
+    SinkError,
     SlotActiveError,
     SourceConnectionError,
     TransactionAbortedError,
@@ -31,6 +32,7 @@ from cdc.errors import (
 from cdc.stream.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.stream.delivery import Delivery, delivery_log
 from cdc.stream.heartbeat import Heartbeat
+from cdc.stream.identity import ServerIdentity, SkipBound, SlotIdentity
 from cdc.stream.progress import PositionWriter, checkpoint_table
 from cdc.stream.refusals import RefusalLedger
 from cdc.stream.route import EventRouter
@@ -40,10 +42,10 @@ from cdc.stream.transactions import (
     FENCED,
     Checkpoint,
     KafkaTransaction,
-    checkpoint_key,
     classify,
     database_of,
     read_checkpoint,
+    transactional_id,
 )
 from cdc.stream.waits import Backoff, StopRequested
 
@@ -106,7 +108,9 @@ class Lifecycle(Delivery):
         self.exactly_once = settings.delivery == "exactly-once"
         self.ktx = KafkaTransaction(settings)
         self.checkpoint: Checkpoint | None = None  # what the last committed Kafka transaction covers
-        self._transactions_ready = False
+        self.server: ServerIdentity | None = None  # whose WAL the current session reads
+        self.slot_identity: SlotIdentity | None = None  # the checkpoint's key
+        self._checkpoint_stale = True  # read it from Kafka before the next session streams
         self._kafka_safe_lsn = 0
         self._skip_below = 0  # source transactions that commit below this LSN are in Kafka already
         self._skipping = False
@@ -257,9 +261,6 @@ class Lifecycle(Delivery):
             check_failover=first,
             checkpoint_table=checkpoint_table(s),
         )
-        self.tracker = AckTracker(
-            max(info.confirmed_flush_lsn, self.tracker.confirmed_lsn), latency=self.latency
-        )
         self._sent_confirmed = -1
         self._txn = None
         if first and info.server_version < 140000:
@@ -273,8 +274,19 @@ class Lifecycle(Delivery):
         source = ReplicationSource(s.database_url, slot=s.slot, publication=s.publication)
         source.start()
         self._source = source
+        server = source.identity
+        assert server is not None  # start() asked
+        # What was acknowledged on another history (another server, a timeline left by a promotion) means
+        # nothing here: only the slot's own position counts then.
+        known = self.server is not None and (server.system_id, server.timeline) == (
+            self.server.system_id,
+            self.server.timeline,
+        )
+        acked = self.tracker.confirmed_lsn if known else 0
+        self.tracker = AckTracker(max(info.confirmed_flush_lsn, acked), latency=self.latency)
+        self.server = server
         if self.exactly_once:
-            self._start_transactions()
+            self._start_transactions(server, SlotIdentity(server.system_id, s.slot, info.created_lsn), first)
         self._backoff.reset()
         log.info(
             "slot %s: resuming after confirmed LSN %s%s",
@@ -289,23 +301,41 @@ class Lifecycle(Delivery):
 
     # -- exactly-once ----------------------------------------------------------------------------------------
 
-    def _start_transactions(self) -> None:
+    def _start_transactions(self, server: ServerIdentity, slot: SlotIdentity, first: bool) -> None:
         """Once the slot is ours (so that a waiting standby fences no one): fence any earlier producer of
         the slot's transactional id, then read what the committed Kafka transactions cover. Every session
-        skips the source transactions up to there."""
+        skips the source transactions that the checkpoint holds on this server's WAL history."""
         s = self.settings
-        if not self._transactions_ready:
-            self.sink.init_transactions(s.startup_timeout)
+        if slot != self.slot_identity:
+            if self.slot_identity is not None:
+                log.warning(
+                    "exactly-once: the slot is now %s (was %s): its checkpoint is read again",
+                    slot.key.decode(),
+                    self.slot_identity.key.decode(),
+                )
+            self.slot_identity = slot
+            self.sink.become_transactional(transactional_id(s, server.system_id))
             self.sink.ensure_compacted_topic(s.checkpoint_topic)
-            self.checkpoint = read_checkpoint(s, s.startup_timeout)
-            self._transactions_ready = True
+            self._checkpoint_stale = True
+        if self._checkpoint_stale:
+            try:
+                self.checkpoint = read_checkpoint(s, slot.key, s.startup_timeout)
+            except SinkError as exc:
+                if first:
+                    raise
+                raise TransactionAbortedError(f"the checkpoint could not be read back: {exc}") from exc
+            self._checkpoint_stale = False
             log.info(
-                "exactly-once: transactional id %s, checkpoint %s in %s",
+                "exactly-once: transactional id %s, checkpoint %s in %s under %s",
                 self.sink.transactional_id,
                 format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "none yet",
                 s.checkpoint_topic,
+                slot.key.decode(),
             )
-        self._skip_below = self.checkpoint.end_lsn if self.checkpoint else 0
+        bound = self.checkpoint.holds(server) if self.checkpoint else SkipBound(0)
+        if bound.note:
+            log.warning("exactly-once: %s", bound.note)
+        self._skip_below = bound.lsn
         self._skipping = False
         self._kafka_safe_lsn = self.tracker.confirmed_lsn
 
@@ -331,9 +361,11 @@ class Lifecycle(Delivery):
         ktx, s = self.ktx, self.settings
         checkpoint = None
         if ktx.events:
-            checkpoint = Checkpoint(ktx.last_end_lsn, ktx.last_commit_us)
-            value = checkpoint.encode(slot=s.slot, database=database_of(s))
-            self.sink.produce_checkpoint(s.checkpoint_topic, checkpoint_key(s), value)
+            server, slot = self.server, self.slot_identity
+            assert server is not None and slot is not None  # set before the first Kafka transaction began
+            checkpoint = Checkpoint(ktx.last_end_lsn, ktx.last_commit_us, server.system_id, server.timeline)
+            value = checkpoint.encode(slot, database=database_of(s))
+            self.sink.produce_checkpoint(s.checkpoint_topic, slot.key, value, self._keep_alive)
         deadline = time.monotonic() + s.delivery_timeout
         while True:
             try:
@@ -393,6 +425,9 @@ class Lifecycle(Delivery):
 
     def _restart_from_checkpoint(self, exc: TransactionAbortedError, backoff: Backoff) -> None:
         self._close_source()
+        # A commit taken for failed may have gone through: a new producer's init_transactions() makes the
+        # coordinator finish it. What Kafka holds decides what is published again, not what we believe.
+        self._checkpoint_stale = True
         delay = backoff.next_delay()
         log.warning(
             "%s; aborted it, restarting from the checkpoint %s in %.1f s",

@@ -89,8 +89,9 @@ def _read(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition
     )
 
 
-def check_not_recovering(conn: psycopg.Connection[Any], table: str, slot: str) -> None:
-    """Refuse to stream from a slot that a `cdc recover` made and did not finish republishing for."""
+def check_not_recovering(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition | None:
+    """Refuse to stream from a slot that a `cdc recover` made and did not finish republishing for; else
+    the slot's saved position."""
     position = _read(conn, table, slot)
     if position is not None and position.recovering_since is not None:
         raise RecoveryUnfinishedError(
@@ -98,6 +99,7 @@ def check_not_recovering(conn: psycopg.Connection[Any], table: str, slot: str) -
             f"{position.recovering_since.isoformat(timespec='seconds')}): streaming from it now would skip "
             "events of the lost slot. Run `cdc recover` again"
         )
+    return position
 
 
 class PositionWriter:

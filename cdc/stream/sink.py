@@ -103,11 +103,9 @@ class KafkaSink:
         self.fatal_error: KafkaError | None = None
         self._last_error_log = 0.0
         self._conf = producer_config(settings)
+        # Exactly-once: set by become_transactional() once the server's identity is known.
         self.transactional_id: str | None = None
         if settings.delivery == "exactly-once":
-            from cdc.stream.transactions import transactional_id
-
-            self.transactional_id = self._conf["transactional.id"] = transactional_id(settings)
             # A transaction may hold a source transaction of a million rows, through a broker restart:
             # librdkafka's 60 s default would abort it, and every replay of it, under load.
             self._conf.setdefault("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
@@ -160,6 +158,15 @@ class KafkaSink:
 
     # -- exactly-once: the transactional producer (cdc.stream.transactions) --------------------------------
 
+    def become_transactional(self, transactional_id: str) -> None:
+        """Produce from now on with ``transactional_id`` (derived from the server's identity, which is known
+        only once the slot is ours): a new producer, registered with Kafka at once. Nothing was produced
+        before, so nothing is lost with the old one."""
+        if transactional_id == self.transactional_id:
+            return
+        self.transactional_id = self._conf["transactional.id"] = transactional_id
+        self._replace_producer()
+
     def init_transactions(self, timeout: float) -> None:
         """Register the transactional id with Kafka: fences any earlier producer with the same id and
         aborts what it left open."""
@@ -182,8 +189,9 @@ class KafkaSink:
     def abort_transaction(self, timeout: float) -> None:
         self._producer.abort_transaction(timeout)
 
-    def produce_checkpoint(self, topic: str, key: bytes, value: bytes) -> None:
-        self._produce(topic, value, key)
+    def produce_checkpoint(self, topic: str, key: bytes, value: bytes, waiting: Callable[[], None]) -> None:
+        """The checkpoint record, into the open transaction; a full queue is waited on as for events."""
+        self.produce(topic, key, value, [], 0, None, waiting)
 
     def ensure_compacted_topic(self, topic: str) -> None:
         """The checkpoint topic: one partition, compacted (one record per slot is what is kept)."""
@@ -332,7 +340,7 @@ class KafkaSink:
         value: bytes | None,
         headers: Headers,
         timestamp_ms: int,
-        on_delivery: DeliveryCallback,
+        on_delivery: DeliveryCallback | None,
         waiting: Callable[[], None],
     ) -> None:
         """Hand one record to the producer. When its queue is full, serve callbacks and retry; ``waiting``

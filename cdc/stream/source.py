@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from cdc.config import Settings
 from cdc.errors import (
     PublicationError,
     SlotActiveError,
@@ -35,8 +36,9 @@ from cdc.errors import (
 )
 from cdc.pg import connect
 from cdc.stream import failover as failover_slots
+from cdc.stream.identity import ServerIdentity, SlotIdentity, TimelineSwitch, parse_timeline_history
 from cdc.stream.pgoutput import standby_status_update
-from cdc.stream.progress import check_not_recovering
+from cdc.stream.progress import check_not_recovering, read_position
 
 log = logging.getLogger("cdc.source")
 
@@ -56,6 +58,8 @@ class SlotInfo:
     server_version: int
     # A failover slot (PostgreSQL 17+), synchronized to the standbys that are set up for it.
     failover: bool = False
+    # Where `cdc setup` or `cdc recover` created it (cdc_checkpoint); None for a slot of an older setup.
+    created_lsn: int | None = None
 
 
 def quote_ident(name: str) -> str:
@@ -183,8 +187,10 @@ def preflight(
                 f"replication slot '{slot}' is in use by another process (pid {active_pid}); "
                 "only one pipeline may stream from a slot. Stop the other one first"
             )
+        created_lsn = None
         if checkpoint_table is not None:
-            check_not_recovering(conn, checkpoint_table, slot)
+            saved = check_not_recovering(conn, checkpoint_table, slot)
+            created_lsn = None if saved is None else saved.slot_created_lsn
         if _scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)) == 0:
             raise PublicationError(f"publication '{publication}' does not exist; create it with `cdc setup`")
         covered = _scalar(
@@ -208,7 +214,51 @@ def preflight(
         wal_status=wal_status,
         server_version=server_version,
         failover=bool(failover),
+        created_lsn=created_lsn,
     )
+
+
+def _command(pgconn: pq.abc.PGconn, command: str) -> pq.abc.PGresult:
+    """A replication command (simple query protocol only), its failure a SourceConnectionError."""
+    result = pgconn.exec_(command.encode())
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        raise SourceConnectionError(f"{command.split()[0]} failed: {_result_error(result)}")
+    return result
+
+
+def identify(conn: psycopg.Connection[Any]) -> ServerIdentity:
+    """``IDENTIFY_SYSTEM`` on a replication connection, and the timeline's history past timeline 1: the WAL
+    history that the LSNs of this session belong to."""
+    pgconn = conn.pgconn
+    result = _command(pgconn, "IDENTIFY_SYSTEM")
+    system_id, timeline, flushed = (result.get_value(0, n) or b"" for n in range(3))
+    tli = int(timeline)
+    history: tuple[TimelineSwitch, ...] = ()
+    if tli > 1:
+        content = _command(pgconn, f"TIMELINE_HISTORY {tli}").get_value(0, 1) or b""
+        if content.startswith(b"\\x"):  # bytea in text form, should a server send it so
+            content = bytes.fromhex(content[2:].decode())
+        history = parse_timeline_history(content)
+    return ServerIdentity(system_id.decode(), tli, parse_lsn(flushed.decode()), history)
+
+
+def server_identity(dsn: str) -> ServerIdentity:
+    """:func:`identify` on a replication connection of its own (for the commands: status, teardown)."""
+    try:
+        conn = psycopg.connect(dsn, replication="database", autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
+    with conn:
+        return identify(conn)
+
+
+def slot_identity(settings: Settings) -> SlotIdentity:
+    """The slot's identity as `cdc run` keys its exactly-once checkpoint: the server's system identifier,
+    the slot's name, and where `cdc setup` or `cdc recover` created it."""
+    server = server_identity(settings.database_url)
+    with connect(settings.database_url) as conn:
+        saved = read_position(conn, settings)
+    return SlotIdentity(server.system_id, settings.slot, None if saved is None else saved.slot_created_lsn)
 
 
 class ReplicationSource:
@@ -222,6 +272,7 @@ class ReplicationSource:
         self._pgconn: pq.abc.PGconn | None = None
         self._sock = -1
         self.last_status_at = 0.0
+        self.identity: ServerIdentity | None = None
 
     def start(self) -> None:
         """Open the replication connection and start streaming from the slot's confirmed position."""
@@ -231,6 +282,13 @@ class ReplicationSource:
             raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
         self._conn = conn
         pgconn = conn.pgconn
+        try:
+            self.identity = identify(conn)
+        except (SourceConnectionError, psycopg.Error) as exc:
+            self.close()
+            if isinstance(exc, SourceConnectionError):
+                raise
+            raise SourceConnectionError(f"IDENTIFY_SYSTEM failed: {first_line(exc)}") from exc
         options = pgoutput_options(conn.info.server_version, self._publication)
         opts = ", ".join(f"{quote_ident(k)} {quote_literal(v)}" for k, v in options.items())
         # 0/0: the server starts at the slot's confirmed_flush_lsn, the only position we ever trust.

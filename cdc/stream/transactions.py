@@ -1,21 +1,26 @@
 """Exactly-once delivery (``delivery = "exactly-once"``): Kafka transactions with the checkpoint inside.
 
-The producer is transactional, its ``transactional.id`` stable for the slot (``outbox-cdc.<database>.<slot>``
-unless ``transactional_id`` says otherwise), so that a second process with the same id fences the first:
-after its ``init_transactions()``, a zombie's late commit is refused.
+The producer is transactional, its ``transactional.id`` stable for the slot
+(``outbox-cdc.<system identifier>.<slot>`` unless ``transactional_id`` says otherwise), so that a second
+process with the same id fences the first: after its ``init_transactions()``, a zombie's late commit is
+refused.
 
 A Kafka transaction spans whole source transactions: it begins with the first source transaction after the
 last commit and is committed at a source Commit once it holds ``transaction_max_events`` events or is
 ``transaction_max_seconds`` old (or the stream goes quiet, or the pipeline stops). Before the commit, a
 checkpoint record goes into the same transaction, to the compacted ``checkpoint_topic``: key
-``<database>/<slot>``, value the end LSN of the last source transaction in it and that transaction's commit
-time. A read_committed consumer sees the events, their dead letters and the checkpoint together or not at all.
+``<system identifier>/<slot>@<slot's creation LSN>`` (:class:`cdc.stream.identity.SlotIdentity`), value the
+end LSN of the last source transaction in it, that transaction's commit time and the WAL history it was
+read from (system identifier, timeline). A read_committed consumer sees the events, their dead letters and
+the checkpoint together or not at all.
 
 The slot is confirmed only up to what a committed Kafka transaction covers, so the checkpoint is never
 behind the slot. At start the pipeline reads the checkpoint (read_committed) and skips every source
-transaction that ends at or below it: those the slot replays because it was confirmed late. A transaction
-that cannot commit is aborted and the stream restarts from the slot, skipping up to the checkpoint again;
-a fenced producer ends the run (exit 1: another process owns the slot's transactional id).
+transaction that commits below what it holds on this server (:func:`cdc.stream.identity.skip_bound`): those
+the slot replays because it was confirmed late. A transaction that cannot commit is aborted and the stream
+restarts from the slot, after reading the checkpoint back from Kafka (a commit taken for failed may have
+gone through); a fenced producer ends the run (exit 1: another process owns the slot's transactional id).
+`cdc teardown` and `cdc recover` write a tombstone for the key.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from cdc.errors import (
     format_lsn,
     parse_lsn,
 )
+from cdc.stream.identity import ServerIdentity, SkipBound, SlotIdentity, skip_bound
 from cdc.stream.sink import admin_config
 
 log = logging.getLogger("cdc.transactions")
@@ -51,16 +57,22 @@ FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRO
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """What the last committed Kafka transaction covers: source transactions up to ``end_lsn``."""
+    """What the last committed Kafka transaction covers: source transactions up to ``end_lsn`` of the WAL
+    history named by ``system_id`` and ``timeline`` (:mod:`cdc.stream.identity`)."""
 
     end_lsn: int
     commit_time_us: int
+    system_id: str | None = None
+    timeline: int | None = None
 
-    def encode(self, *, slot: str, database: str) -> bytes:
+    def encode(self, slot: SlotIdentity, *, database: str) -> bytes:
         commit_time = datetime.fromtimestamp(self.commit_time_us / 1e6, tz=UTC).isoformat()
         return orjson.dumps(
             {
-                "slot": slot,
+                "system_id": self.system_id,
+                "timeline": self.timeline,
+                "slot": slot.slot,
+                "slot_created_lsn": None if slot.created_lsn is None else format_lsn(slot.created_lsn),
                 "database": database,
                 "end_lsn": format_lsn(self.end_lsn),
                 "commit_time": commit_time,
@@ -71,26 +83,35 @@ class Checkpoint:
     @classmethod
     def decode(cls, value: bytes) -> Checkpoint:
         data = orjson.loads(value)
-        return cls(end_lsn=parse_lsn(data["end_lsn"]), commit_time_us=int(data["commit_time_us"]))
+        timeline = data.get("timeline")
+        return cls(
+            end_lsn=parse_lsn(data["end_lsn"]),
+            commit_time_us=int(data["commit_time_us"]),
+            system_id=data.get("system_id"),
+            timeline=None if timeline is None else int(timeline),
+        )
+
+    def holds(self, server: ServerIdentity) -> SkipBound:
+        """Below which LSN this checkpoint's source transactions are in Kafka, on ``server``."""
+        return skip_bound(
+            end_lsn=self.end_lsn, system_id=self.system_id, timeline=self.timeline, server=server
+        )
 
 
 def database_of(settings: Settings) -> str:
-    """The database that ``database_url`` names (libpq's default: the user's name)."""
+    """The database that ``database_url`` names (libpq's default: the user's name): for people reading the
+    checkpoint, never part of an identity (the text of a URL is no identity)."""
     params = conninfo_to_dict(settings.database_url)
     return str(params.get("dbname") or params.get("user") or os.environ.get("PGDATABASE") or "postgres")
 
 
-def transactional_id(settings: Settings) -> str:
-    return settings.transactional_id or f"outbox-cdc.{database_of(settings)}.{settings.slot}"
+def transactional_id(settings: Settings, system_id: str) -> str:
+    """One per slot of one PostgreSQL system, however ``database_url`` is written: two pipelines on the same
+    slot fence each other, pipelines of other systems never do."""
+    return settings.transactional_id or f"outbox-cdc.{system_id}.{settings.slot}"
 
 
-def checkpoint_key(settings: Settings) -> bytes:
-    return f"{database_of(settings)}/{settings.slot}".encode()
-
-
-def read_checkpoint(settings: Settings, timeout: float) -> Checkpoint | None:
-    """The latest committed checkpoint of this slot, or None when there is none (or no topic yet)."""
-    key = checkpoint_key(settings)
+def _checkpoint_consumer(settings: Settings) -> Consumer:
     conf: dict[str, Any] = admin_config(settings)  # the connection and security settings
     conf.update(
         {
@@ -101,7 +122,13 @@ def read_checkpoint(settings: Settings, timeout: float) -> Checkpoint | None:
             "logger": log,
         }
     )
-    consumer = Consumer(conf)
+    return Consumer(conf)
+
+
+def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoint | None:
+    """The latest committed checkpoint under ``key``, or None when there is none, its last record is a
+    tombstone (`cdc teardown`, `cdc recover`), or there is no topic yet."""
+    consumer = _checkpoint_consumer(settings)
     found: Checkpoint | None = None
     try:
         topic = settings.checkpoint_topic
@@ -124,14 +151,42 @@ def read_checkpoint(settings: Settings, timeout: float) -> Checkpoint | None:
                         unread.discard(msg.partition())
                         continue
                     raise SinkError(f"reading the checkpoint topic {topic}: {err.str()}")
-                record = msg.value()
-                if msg.key() == key and record:
-                    found = Checkpoint.decode(record)
+                if msg.key() == key:
+                    record = msg.value()
+                    found = Checkpoint.decode(record) if record else None
     except KafkaException as exc:
         raise SinkError(f"reading the checkpoint topic {settings.checkpoint_topic}: {exc}") from exc
     finally:
         consumer.close()
     return found
+
+
+def forget_checkpoint(settings: Settings, key: bytes, timeout: float) -> bool:
+    """Write a tombstone for ``key``, so that the slot's old checkpoint is never read again (a slot dropped
+    or re-created). False when the checkpoint topic does not exist: there is nothing to forget."""
+    from confluent_kafka import Producer
+
+    conf: dict[str, Any] = admin_config(settings)
+    conf.update({"enable.idempotence": True, "acks": "all", "logger": log})
+    producer = Producer(conf)
+    try:
+        topic = settings.checkpoint_topic
+        metadata = producer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return False
+        failures: list[object] = []
+        producer.produce(
+            topic, None, key, on_delivery=lambda err, _msg: failures.append(err) if err else None
+        )
+        left = producer.flush(timeout)
+    except KafkaException as exc:
+        raise SinkError(
+            f"writing a tombstone to the checkpoint topic {settings.checkpoint_topic}: {exc}"
+        ) from exc
+    if left or failures:
+        reason = failures[0] if failures else f"not acknowledged within {timeout:g} s"
+        raise SinkError(f"writing a tombstone to the checkpoint topic {settings.checkpoint_topic}: {reason}")
+    return True
 
 
 class KafkaTransaction:

@@ -20,7 +20,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,8 +235,13 @@ def _write_as_pg(path: Path, text: str, *, append: bool = False) -> None:
         shutil.chown(path, user=PG_SUPERUSER, group=PG_SUPERUSER)
 
 
-@pytest.fixture
-def failover_pair() -> Iterator[FailoverPair]:
+@contextlib.contextmanager
+def standby_pair(
+    *, failover_slots: bool, before_copy: Callable[[str], None] | None = None
+) -> Iterator[FailoverPair]:
+    """A primary and a streaming standby of it. ``failover_slots`` (PostgreSQL 17+): the standby syncs the
+    primary's failover slots. ``before_copy(primary_dsn)`` runs on the primary before its data directory is
+    copied, so that what it makes (an outbox, a logical slot) is in the standby's copy too."""
     bindir = pg_bindir()
     if bindir is None or not (bindir / "pg_ctl").is_file():
         service_missing("PostgreSQL's server binaries are missing (no CDC_STACK_PG_BIN)")
@@ -248,17 +253,15 @@ def failover_pair() -> Iterator[FailoverPair]:
         if _is_root():
             shutil.chown(base, user=PG_SUPERUSER, group=PG_SUPERUSER)
         bases.append(base)
-    primary = _Cluster(
-        bindir,
-        bases[0],
-        {
-            "wal_level": "logical",
-            "max_replication_slots": "10",
-            "max_wal_senders": "10",
-            "synchronized_standby_slots": f"'{STANDBY_SLOT}'",
-            "wal_sender_timeout": "10s",
-        },
-    )
+    primary_settings = {
+        "wal_level": "logical",
+        "max_replication_slots": "10",
+        "max_wal_senders": "10",
+        "wal_sender_timeout": "10s",
+    }
+    if failover_slots:
+        primary_settings["synchronized_standby_slots"] = f"'{STANDBY_SLOT}'"
+    primary = _Cluster(bindir, bases[0], primary_settings)
     standby = _Cluster(bindir, bases[1], {})
     pair = FailoverPair(primary, standby)
     try:
@@ -272,6 +275,8 @@ def failover_pair() -> Iterator[FailoverPair]:
         primary.start_on_a_free_port()
         with psycopg.connect(pair.dsn(primary), autocommit=True) as conn:
             conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (STANDBY_SLOT,))
+        if before_copy is not None:
+            before_copy(pair.dsn(primary))
         primary.stop()  # immediate: the copy below replays from the last checkpoint, as a crash would
         copied = _as_pg(["cp", "-a", str(primary.data), str(standby.data)])
         assert copied.returncode == 0, copied.stderr
@@ -282,13 +287,13 @@ def failover_pair() -> Iterator[FailoverPair]:
         _write_as_pg(standby.data / "standby.signal", "")
         # Set after the copy's own postgresql.conf lines, so these win. The promoted standby must not wait
         # for a standby of its own.
+        sync = "sync_replication_slots = on\nsynchronized_standby_slots = ''\n" if failover_slots else ""
         _write_as_pg(
             standby.data / "postgresql.auto.conf",
             f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user={PG_SUPERUSER} dbname=postgres'\n"
             f"primary_slot_name = '{STANDBY_SLOT}'\n"
             "hot_standby_feedback = on\n"
-            "sync_replication_slots = on\n"
-            "synchronized_standby_slots = ''\n"
+            f"{sync}"
             f"unix_socket_directories = '{standby.base}'\n",
             append=True,
         )
@@ -310,3 +315,9 @@ def failover_pair() -> Iterator[FailoverPair]:
         standby.stop()
         for base in bases:
             shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def failover_pair() -> Iterator[FailoverPair]:
+    with standby_pair(failover_slots=True) as pair:
+        yield pair

@@ -82,10 +82,17 @@ def test_events_and_their_checkpoint_commit_together_and_each_arrives_once(
 
     checkpoints = read_all(kafka_bootstrap, eo["CDC_CHECKPOINT_TOPIC"], quiet=1)
     assert checkpoints, "no checkpoint record"
-    key = checkpoints[-1].key().decode()
-    assert key.endswith(f"/{outbox.slot}")
+    # Keyed by the server's system identifier and the slot's creation point, not by names a URL gives.
+    system_id, timeline = outbox.conn.execute(
+        "SELECT system_identifier::text, timeline_id FROM pg_control_system(), pg_control_checkpoint()"
+    ).fetchone()
+    (created,) = outbox.conn.execute(
+        f"SELECT slot_created_lsn::text FROM cdc_checkpoint WHERE slot = '{outbox.slot}'"
+    ).fetchone()
+    assert checkpoints[-1].key().decode() == f"{system_id}/{outbox.slot}@{created}"
     value = orjson.loads(checkpoints[-1].value())
     assert value["slot"] == outbox.slot and value["commit_time_us"] > 0
+    assert (value["system_id"], value["timeline"]) == (system_id, timeline)
     # The checkpoint covers the last transaction, and the slot was confirmed no further than it.
     assert parse_lsn(value["end_lsn"]) > last.lsn_before
     assert outbox.confirmed_lsn() >= parse_lsn(value["end_lsn"])

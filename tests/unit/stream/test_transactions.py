@@ -7,10 +7,10 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc.config import load_settings
 from cdc.errors import ProducerFencedError, TransactionAbortedError
+from cdc.stream.identity import SlotIdentity
 from cdc.stream.transactions import (
     Checkpoint,
     KafkaTransaction,
-    checkpoint_key,
     classify,
     database_of,
     transactional_id,
@@ -25,19 +25,23 @@ def settings(**overrides):
     )
 
 
-def test_the_checkpoint_round_trips_and_names_slot_and_database():
-    cp = Checkpoint(end_lsn=0x1_0000_00A0, commit_time_us=1_796_000_000_123_456)
-    value = cp.encode(slot="cdc_outbox", database="shop")
+def test_the_checkpoint_round_trips_with_the_wal_history_it_was_written_on():
+    cp = Checkpoint(
+        end_lsn=0x1_0000_00A0, commit_time_us=1_796_000_000_123_456, system_id="7412", timeline=3
+    )
+    value = cp.encode(SlotIdentity("7412", "cdc_outbox", 0x16B3748), database="shop")
     assert b'"end_lsn":"1/A0"' in value and b'"slot":"cdc_outbox"' in value
+    assert b'"slot_created_lsn":"0/16B3748"' in value and b'"database":"shop"' in value
     assert Checkpoint.decode(value) == cp
 
 
-def test_ids_and_keys_come_from_the_database_and_the_slot():
+def test_ids_and_keys_come_from_the_server_and_the_slot_not_the_url():
     s = settings()
-    assert database_of(s) == "shop"
-    assert transactional_id(s) == "outbox-cdc.shop.cdc_outbox"
-    assert checkpoint_key(s) == b"shop/cdc_outbox"
-    assert transactional_id(settings(transactional_id="billing-relay")) == "billing-relay"
+    assert database_of(s) == "shop"  # for people reading the checkpoint only
+    assert transactional_id(s, "7412") == "outbox-cdc.7412.cdc_outbox"
+    assert transactional_id(settings(transactional_id="billing-relay"), "7412") == "billing-relay"
+    assert SlotIdentity("7412", "cdc_outbox", 0x16B3748).key == b"7412/cdc_outbox@0/16B3748"
+    assert SlotIdentity("7412", "cdc_outbox", None).key == b"7412/cdc_outbox"
 
 
 def test_a_transaction_is_due_by_events_or_by_age():

@@ -101,9 +101,7 @@ def test_a_standby_promoted_while_behind_publishes_its_own_transactions_past_the
             wait_until(lambda: primary.confirmed_lsn() >= primary.transactions[-1].lsn_after, 30, "batch 1")
             with psycopg.connect(pair.dsn(pair.standby), autocommit=True) as standby:
                 target = primary.current_lsn()
-                wait_until(
-                    lambda: _replayed(standby) >= target, 30, "the standby to replay the first batch"
-                )
+                wait_until(lambda: _replayed(standby) >= target, 30, "the standby to replay the first batch")
             pair.standby.stop()
             # What it never receives: a long batch, published, and checkpointed far ahead.
             primary.bulk(3000, per_transaction=300, first=200)

@@ -26,9 +26,7 @@ def settings(**overrides):
 
 
 def test_the_checkpoint_round_trips_with_the_wal_history_it_was_written_on():
-    cp = Checkpoint(
-        end_lsn=0x1_0000_00A0, commit_time_us=1_796_000_000_123_456, system_id="7412", timeline=3
-    )
+    cp = Checkpoint(end_lsn=0x1_0000_00A0, commit_time_us=1_796_000_000_123_456, system_id="7412", timeline=3)
     value = cp.encode(SlotIdentity("7412", "cdc_outbox", 0x16B3748), database="shop")
     assert b'"end_lsn":"1/A0"' in value and b'"slot":"cdc_outbox"' in value
     assert b'"slot_created_lsn":"0/16B3748"' in value and b'"database":"shop"' in value

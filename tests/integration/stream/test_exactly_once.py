@@ -233,3 +233,23 @@ def test_dead_letters_commit_with_their_events_and_a_kill_publishes_neither_twic
     seen = ids(read_all(kafka_bootstrap, outbox.topic("order")))
     assert set(seen) == expected_ids(outbox) - {bad.id} and max(seen.values()) == 1
     assert proc.terminate() == 0
+
+
+def test_a_full_producer_queue_at_the_commit_waits_for_room_for_the_checkpoint(
+    outbox: Outbox, pipeline_process, eo, kafka_bootstrap
+):
+    """A source transaction as large as max_in_flight fills the producer's queue just as its Commit makes
+    the Kafka transaction due: the checkpoint record must wait for room like any event (a BufferError
+    escaped before, exit 1, and the same again at every restart)."""
+    proc = pipeline_process(
+        **eo, CDC_MAX_IN_FLIGHT="100", CDC_TRANSACTION_MAX_EVENTS="100", CDC_KAFKA_LINGER_MS="200"
+    )
+    proc.wait_for_log(r"exactly-once: transactional id")
+    for n in range(3):
+        outbox.bulk(100, first=n * 100)
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 60, "the slot confirmed the transactions")
+    seen = ids(read_all(kafka_bootstrap, outbox.topic("order")))
+    assert set(seen) == outbox.ids() and max(seen.values()) == 1
+    assert proc.terminate() == 0, proc.tail()
+    assert "Traceback" not in proc.log()

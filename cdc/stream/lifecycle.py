@@ -430,10 +430,10 @@ class Lifecycle(Delivery):
         self._checkpoint_stale = True
         delay = backoff.next_delay()
         log.warning(
-            "%s; aborted it, restarting from the checkpoint %s in %.1f s",
+            "%s; aborted it, restarting in %.1f s from the checkpoint that Kafka holds then (%s before)",
             exc,
-            format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "(none yet)",
             delay,
+            format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "none",
         )
         if self.sink.fatal_error is not None:
             self.sink.reset()

@@ -13,6 +13,7 @@ subprocess, and a private Kafka broker that a test may stop and start again.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 from cdc.config import Settings, load_settings
 from cdc.errors import parse_lsn
 from tests.plugins.kafka import Record, delete_topics, read_topic
+from tests.plugins.proxy import KafkaProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS_DIR = ROOT / "schemas"
@@ -610,13 +612,21 @@ def pipeline_process(
 # -- a private Kafka broker ----------------------------------------------------------------------------------
 
 
-def format_broker(java: list[str], home: Path, port: int, controller_port: int) -> Path:
+def format_broker(
+    java: list[str], home: Path, port: int, controller_port: int, advertised_port: int | None = None
+) -> Path:
     """A single-node KRaft broker's server.properties in ``home`` (the stack's template on these ports, data
-    in ``home/data``), its storage formatted; returns the properties file."""
+    in ``home/data``; clients told to connect to ``advertised_port``, a proxy's, when given), its storage
+    formatted; returns the properties file."""
     data = home / "data"
     data.mkdir(parents=True, exist_ok=True)
     properties = home / "server.properties"
     template = (ROOT / "stack" / "kafka" / "server.properties.in").read_text()
+    if advertised_port is not None:
+        template = template.replace(
+            "advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{advertised_port}",
+        )
     properties.write_text(
         template.replace("@PORT@", str(port))
         .replace("@CONTROLLER_PORT@", str(controller_port))
@@ -654,12 +664,14 @@ def _cluster_id() -> str:
 class PrivateKafka:
     """A single-node KRaft broker of the test's own."""
 
-    def __init__(self, libs: str, home: Path) -> None:
-        self.port = free_port()
+    def __init__(
+        self, libs: str, home: Path, *, port: int | None = None, advertised_port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.controller_port = free_port()
         while self.controller_port == self.port:
             self.controller_port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.bootstrap = f"127.0.0.1:{advertised_port or self.port}"
         self.home = home
         self.data = home / "data"
         self.log_path = home / "kafka.log"
@@ -676,7 +688,7 @@ class PrivateKafka:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        self.properties = format_broker(self.java, home, self.port, self.controller_port)
+        self.properties = format_broker(self.java, home, self.port, self.controller_port, advertised_port)
 
     def describe(self) -> str:
         state = "running" if self.proc is not None and self.proc.poll() is None else "stopped"
@@ -743,18 +755,44 @@ class PrivateKafka:
         return topic_size(self.bootstrap, topic)
 
 
-@pytest.fixture
-def private_kafka(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PrivateKafka]:
+def _kafka_libs() -> str:
     libs = os.environ.get("CDC_STACK_KAFKA_LIBS")
     if not libs or not Path(libs).is_dir():
         from tests.plugins.services import service_missing
 
         service_missing("CDC_STACK_KAFKA_LIBS (the Kafka broker's jars, from `make stack-up`) is not set")
         raise AssertionError("unreachable")
-    broker = PrivateKafka(libs, tmp_path / "private-kafka")
+    return libs
+
+
+@contextlib.contextmanager
+def _running(broker: PrivateKafka, request: pytest.FixtureRequest) -> Iterator[PrivateKafka]:
     _register(request, broker)
     try:
         broker.start()
         yield broker
     finally:
         broker.kill()
+
+
+@pytest.fixture
+def private_kafka(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PrivateKafka]:
+    with _running(PrivateKafka(_kafka_libs(), tmp_path / "private-kafka"), request) as broker:
+        yield broker
+
+
+@pytest.fixture
+def proxied_kafka(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[PrivateKafka, KafkaProxy]]:
+    """A private broker that clients reach only through a :class:`KafkaProxy` (it advertises the proxy)."""
+    port = free_port()
+    proxy = KafkaProxy(("127.0.0.1", port))
+    proxy.start()
+    try:
+        home = tmp_path / "private-kafka"
+        broker = PrivateKafka(_kafka_libs(), home, port=port, advertised_port=proxy.port)
+        with _running(broker, request):
+            yield broker, proxy
+    finally:
+        proxy.stop()

@@ -10,9 +10,57 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
+
+
+class Link:
+    """Hooks on one proxied connection: ``request`` sees the client's bytes before they go upstream,
+    ``response`` the server's before they go to the client (and may hold them back by blocking)."""
+
+    def request(self, data: bytes) -> None:
+        pass
+
+    def response(self, data: bytes) -> None:
+        pass
+
+
+class KafkaLink(Link):
+    """Reads the Kafka request frames a client sends (int32 size, int16 api key, ...) and, once a request
+    of ``proxy.hold_api_key`` passed, holds every response of this connection for ``proxy.hold_seconds``:
+    the broker did the work, the client does not hear of it in time."""
+
+    def __init__(self, proxy: KafkaProxy) -> None:
+        self.proxy = proxy
+        self.pending = b""
+        self.skip = 0
+        self.hold_until = 0.0
+
+    def request(self, data: bytes) -> None:
+        buf = self.pending + data
+        pos = 0
+        while True:
+            if self.skip:
+                step = min(self.skip, len(buf) - pos)
+                pos += step
+                self.skip -= step
+                if self.skip:
+                    break
+            if len(buf) - pos < 6:
+                break
+            size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
+            api_key = int.from_bytes(buf[pos + 4 : pos + 6], "big", signed=True)
+            self.proxy.seen(self, api_key)
+            pos += 4
+            self.skip = size
+        self.pending = buf[pos:]
+
+    def response(self, data: bytes) -> None:
+        wait = self.hold_until - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
 
 
 class TcpProxy:
@@ -68,13 +116,19 @@ class TcpProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._conns += [client, upstream]
-            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+            link = self._link()
+            threading.Thread(target=self._pipe, args=(client, upstream, link.request), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, link.response), daemon=True).start()
+
+    def _link(self) -> Link:
+        """What watches one connection's two directions: nothing, here."""
+        return Link()
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, watch: Callable[[bytes], None]) -> None:
         try:
             while data := src.recv(65536):
+                watch(data)
                 dst.sendall(data)
         except OSError:
             pass
@@ -99,3 +153,27 @@ def tcp_proxy() -> Iterator[Callable[[str, int], TcpProxy]]:
     yield make
     for proxy in proxies:
         proxy.stop()
+
+
+class KafkaProxy(TcpProxy):
+    """A proxy in front of a Kafka broker that advertises the proxy's port. ``hold_next(api_key, seconds)``:
+    the next request of that kind goes through, and its connection's responses are held for ``seconds``."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        super().__init__(target)
+        self.hold_api_key: int | None = None
+        self.hold_seconds = 0.0
+        self.held = threading.Event()
+
+    def hold_next(self, api_key: int, seconds: float) -> None:
+        self.hold_api_key, self.hold_seconds = api_key, seconds
+        self.held.clear()
+
+    def seen(self, link: KafkaLink, api_key: int) -> None:
+        if api_key == self.hold_api_key:
+            self.hold_api_key = None
+            link.hold_until = time.monotonic() + self.hold_seconds
+            self.held.set()
+
+    def _link(self) -> Link:
+        return KafkaLink(self)

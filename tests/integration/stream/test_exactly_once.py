@@ -253,3 +253,32 @@ def test_a_full_producer_queue_at_the_commit_waits_for_room_for_the_checkpoint(
     assert set(seen) == outbox.ids() and max(seen.values()) == 1
     assert proc.terminate() == 0, proc.tail()
     assert "Traceback" not in proc.log()
+
+
+END_TXN = 26  # the Kafka API key of EndTxn, the commit (or abort) of a transaction
+
+
+def test_a_commit_kafka_completed_after_it_was_taken_for_failed_is_not_published_again(
+    outbox: Outbox, pipeline_process, eo, proxied_kafka
+):
+    """The broker commits, but its answer comes after delivery_timeout: the pipeline takes the commit for
+    failed, cannot abort it, and replaces the producer, whose init_transactions() lets the coordinator
+    finish the commit. What is published again must follow the checkpoint that Kafka holds, not the one
+    the pipeline had in memory: a read_committed reader saw the transaction twice before."""
+    broker, proxy = proxied_kafka
+    env = {**eo, "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap, "CDC_DELIVERY_TIMEOUT": "1"}
+    proc = pipeline_process(**env)
+    proc.wait_for_log(r"exactly-once: transactional id")
+    first = outbox.commit([outbox.event(f"h-{i % 3}") for i in range(5)])
+    wait_until(lambda: outbox.confirmed_lsn() >= first.lsn_after, 30, "the first transaction confirmed")
+
+    proxy.hold_next(END_TXN, 4.0)
+    outbox.commit([outbox.event(f"h-{i % 3}") for i in range(10)])
+    assert proxy.held.wait(30), "no commit went through the proxy"
+    proc.wait_for_log(r"restarting in .* from the checkpoint that Kafka holds", 30)
+    last = outbox.commit([outbox.event(f"h-{i % 3}") for i in range(5)])
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 60, "the slot confirmed the last one")
+    seen = ids(read_all(broker.bootstrap, outbox.topic("order")))
+    assert set(seen) == expected_ids(outbox), "events missing"
+    assert max(seen.values()) == 1, f"published twice: {seen.most_common(3)}"
+    assert proc.terminate() == 0, proc.tail()

@@ -14,9 +14,11 @@ import psycopg
 import pytest
 
 from cdc.ops import setup as cdc_setup
+from cdc.stream.source import slot_identity
+from cdc.stream.transactions import read_checkpoint
 from tests.integration.stream.test_exactly_once import ids, read_all
 from tests.plugins.pgcluster import extra_cluster, standby_pair
-from tests.plugins.pipeline import Outbox, wait_until
+from tests.plugins.pipeline import Outbox, cdc, wait_until
 from tests.plugins.postgres import dsn_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -147,3 +149,21 @@ def _replayed(conn: psycopg.Connection) -> int:
 
     row = conn.execute("SELECT pg_last_wal_replay_lsn()::text").fetchone()
     return parse_lsn(row[0]) if row and row[0] else 0
+
+
+def test_teardown_forgets_the_slots_checkpoint_with_a_tombstone(outbox: Outbox, pipeline_process, eo):
+    proc = pipeline_process(**eo)
+    proc.wait_for_log(r"exactly-once: transactional id")
+    txn = outbox.commit([outbox.event("t-1")])
+    wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the slot confirmed the event")
+    assert proc.terminate() == 0
+    settings = dataclasses.replace(
+        outbox.settings, delivery="exactly-once", checkpoint_topic=eo["CDC_CHECKPOINT_TOPIC"]
+    )
+    key = slot_identity(settings).key
+    assert read_checkpoint(settings, key, timeout=10) is not None
+
+    done = cdc({**outbox.env, **eo}, "teardown", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert f"wrote a tombstone for checkpoint {key.decode()}" in done.stdout
+    assert read_checkpoint(settings, key, timeout=10) is None, "a tombstone reads as no checkpoint"

@@ -82,7 +82,12 @@ _OWNED = {
 }
 # delivery_timeout becomes librdkafka's message.timeout.ms, whose 0 means "never": a value that rounds to it
 # would turn a broker outage into a wait without end.
-_MIN_SECONDS = {"delivery_timeout": 1.0}
+_MIN_SECONDS = {
+    "delivery_timeout": 1.0,
+    "source_silence_timeout": 3.0,  # a third of it is when a reply is asked for: above the read loop's wait
+    "query_timeout": 1.0,
+    "liveness_timeout": 10.0,
+}
 _RESERVED = {
     "bootstrap.servers": "set kafka.bootstrap_servers instead",
     "delivery.timeout.ms": "set delivery_timeout (seconds) instead",
@@ -173,6 +178,12 @@ class Settings:
     shutdown_timeout: float = 30.0
     delivery_timeout: float = 120.0
     startup_timeout: float = 30.0
+    # Silence: nothing from PostgreSQL's replication stream for this long is a dead connection (a reply is
+    # asked for after a third of it); every other PostgreSQL wait ends after query_timeout; /healthz fails
+    # when the stream's loop has not turned for liveness_timeout (cdc.pg, cdc.stream.source).
+    source_silence_timeout: float = 30.0
+    query_timeout: float = 30.0
+    liveness_timeout: float = 120.0
     backoff_initial: float = 0.5
     backoff_multiplier: float = 2.0
     backoff_max: float = 30.0

@@ -143,7 +143,11 @@ class SlotInvalidatedError(StartupRefusal):
 
 
 class SlotActiveError(StartupRefusal):
-    pass
+    """Another process streams from the slot; ``pid`` is its walsender's, when known."""
+
+    def __init__(self, message: str, *, pid: int | None = None, lsn: int | None = None) -> None:
+        super().__init__(message, lsn=lsn)
+        self.pid = pid
 
 
 class PublicationError(StartupRefusal):

@@ -91,6 +91,13 @@ class PipelineCollector(Collector):
         yield GaugeMetricFamily(
             "cdc_producer_queue_depth", "Records waiting for Kafka", value=p.sink.queue_depth()
         )
+        silent = p.seconds_since_server_message()
+        if silent is not None:  # not streaming: no value (cdc_ready says why)
+            yield GaugeMetricFamily(
+                "cdc_seconds_since_last_server_message",
+                "Seconds since PostgreSQL's replication stream last sent anything (data or keepalive)",
+                value=silent,
+            )
         yield GaugeMetricFamily(
             "cdc_in_flight_events", "Events produced, not yet acknowledged", value=p.tracker.in_flight
         )
@@ -239,7 +246,7 @@ class MetricsServer:
         settings = self._pipeline.settings
         try:
             if self._slot_conn is None or self._slot_conn.closed:
-                self._slot_conn = connect(settings.database_url)
+                self._slot_conn = connect(settings.database_url, timeout=READY_CACHE_SECONDS + 1)
                 self._slot_conn.execute("SELECT set_config('statement_timeout', '2000ms', false)")
             row = self._slot_conn.execute(
                 "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"
@@ -269,6 +276,9 @@ class MetricsServer:
     def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/healthz":
+            stuck = self._pipeline.alive()
+            if stuck is not None:
+                return _text(start_response, "503 Service Unavailable", stuck + "\n")
             return _text(start_response, "200 OK", "alive\n")
         if path == "/readyz":
             reasons = self.not_ready()

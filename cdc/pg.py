@@ -1,13 +1,101 @@
-"""PostgreSQL helpers every wing may use: a connection whose failure never shows the DSN, and the batched
-delete by ``(tableoid, ctid)`` of the prune commands (the outbox, ``processed_events``)."""
+"""PostgreSQL helpers every wing may use: connections that never wait without a bound and whose failure
+never shows the DSN, and the batched delete by ``(tableoid, ctid)`` of the prune commands (the outbox,
+``processed_events``).
+
+A network can fail silently: a NAT or firewall forgets the connection, a VM is paused, a proxy hangs.
+Nothing is closed and nothing comes back. Two bounds meet that on every connection the project opens:
+
+- the kernel's: TCP keepalives and ``tcp_user_timeout`` (libpq parameters, unless the DSN sets them), so
+  that a peer that is gone is noticed even while nothing is sent, and unacknowledged data does not wait
+  for ``tcp_retries2`` (about 15 minutes);
+- ours: every wait for an answer on an ordinary connection (:class:`BoundedConnection`) ends after
+  ``query_timeout`` seconds, and the connection is closed. This one also holds against a peer that keeps
+  the TCP connection up and forwards nothing (a frozen proxy), which the kernel cannot see.
+
+The replication stream is watched by :mod:`cdc.stream.source` instead: the server must say something
+within ``source_silence_timeout``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Generator
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from cdc.errors import SourceConnectionError, first_line
+
+DEFAULT_QUERY_TIMEOUT = 30.0  # seconds: Settings.query_timeout's default
+CONNECT_TIMEOUT = 10  # seconds for libpq to connect (TCP, TLS, authentication)
+_RV = TypeVar("_RV")
+# psycopg raises this private OperationalError when a wait's timeout expires.
+_WAIT_TIMEOUT: type[Exception] = getattr(psycopg.errors, "_WaitTimeout", psycopg.OperationalError)
+
+
+def silence_params(dsn: str, seconds: float) -> dict[str, Any]:
+    """libpq's TCP keepalives and ``tcp_user_timeout`` for a bound of ``seconds`` on a silent peer: idle
+    for a third of it, then three probes; the DSN's own values win."""
+    idle = max(1, int(seconds / 3))
+    params: dict[str, Any] = {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": max(1, idle // 3),
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(seconds * 1000),
+    }
+    given = conninfo_to_dict(dsn)
+    return {key: value for key, value in params.items() if key not in given}
+
+
+class BoundedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait for the server ends after ``wait_timeout`` seconds: then it
+    is closed, and the wait raises ``psycopg.OperationalError``, as a lost connection does."""
+
+    wait_timeout: float | None = DEFAULT_QUERY_TIMEOUT
+
+    def wait(self, gen: Generator[Any, Any, _RV], interval: float = 0.1, timeout: float | None = None) -> _RV:
+        bound = self.wait_timeout if timeout is None else timeout
+        try:
+            return super().wait(gen, interval, bound)
+        except _WAIT_TIMEOUT as exc:
+            self.pgconn.finish()  # the protocol state is unknown: nothing more may be sent on it
+            raise psycopg.OperationalError(
+                f"PostgreSQL did not answer within {bound:g} s (query_timeout); the connection is closed"
+            ) from exc
+
+
+def connect(dsn: str, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> psycopg.Connection[Any]:
+    """An autocommit connection whose waits end after ``timeout`` seconds (None: only the kernel's
+    bound), its failure a SourceConnectionError."""
+    try:
+        conn = BoundedConnection.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            **silence_params(dsn, timeout or DEFAULT_QUERY_TIMEOUT),
+        )
+    except psycopg.OperationalError as exc:
+        raise SourceConnectionError(f"cannot connect to PostgreSQL: {first_line(exc)}") from exc
+    conn.wait_timeout = timeout
+    return conn
+
+
+def connect_replication(dsn: str, *, silence: float) -> psycopg.Connection[Any]:
+    """A replication connection (``replication=database``): its commands are driven through libpq by the
+    caller, which bounds them (:func:`cdc.stream.source.command`); the kernel notices a peer gone after
+    ``silence`` seconds."""
+    try:
+        return psycopg.connect(
+            dsn,
+            replication="database",
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            **silence_params(dsn, silence),
+        )
+    except psycopg.OperationalError as exc:
+        raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
+
 
 # Deletes the rows of the CTE ``old`` (``rel``: tableoid, ``tid``: ctid), which the statement locked. A ctid
 # names a row only within one partition: on a partitioned table (README, "Keeping the outbox small"), a
@@ -20,11 +108,19 @@ DELETE_LOCKED = (
 )
 
 
-def connect_bounded(dsn: str, *, statement_ms: int, lock_ms: int) -> psycopg.Connection[Any]:
-    """:func:`connect`, with every statement and lock wait bounded: for the pipeline's side writes (the
-    heartbeat, the saved position), which run on the stream's only thread. A lock held on their table, or
-    a server that hangs, must cost a warning, not the stream."""
-    conn = connect(dsn)
+def side_write_timeout(query_timeout: float, statement_ms: int) -> float:
+    """The client's bound on a side write of the stream's thread: the server's statement timeout and a
+    second, at most ``query_timeout``. A frozen connection costs the stream that long, once."""
+    return min(query_timeout, statement_ms / 1000 + 1)
+
+
+def connect_bounded(
+    dsn: str, *, statement_ms: int, lock_ms: int, timeout: float | None = DEFAULT_QUERY_TIMEOUT
+) -> psycopg.Connection[Any]:
+    """:func:`connect`, with every statement and lock wait bounded on the server too: for the pipeline's
+    side writes (the heartbeat, the saved position), which run on the stream's only thread. A lock held on
+    their table, or a server that hangs, must cost a warning, not the stream."""
+    conn = connect(dsn, timeout=timeout)
     try:
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
@@ -34,11 +130,3 @@ def connect_bounded(dsn: str, *, statement_ms: int, lock_ms: int) -> psycopg.Con
         conn.close()
         raise
     return conn
-
-
-def connect(dsn: str) -> psycopg.Connection[Any]:
-    """An ordinary autocommit connection, its failure a SourceConnectionError."""
-    try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise SourceConnectionError(f"cannot connect to PostgreSQL: {first_line(exc)}") from exc

@@ -7,7 +7,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +37,17 @@ def run(config_file: Path | None, **flags: Any) -> None:
     from cdc.stream import Pipeline  # the pipeline pulls in Kafka and Avro; other commands need neither
 
     pipeline = Pipeline(settings)
+    deadline: list[threading.Timer] = []
 
     def stop(signum: int, _frame: object) -> None:
         log.info("received %s: stopping after in-flight events are acknowledged", signal.Signals(signum).name)
         pipeline.request_stop()
+        if not deadline:  # however frozen a connection is, the process ends within shutdown_timeout
+            deadline.append(
+                threading.Timer(settings.shutdown_timeout, _exit_now, (settings.shutdown_timeout,))
+            )
+            deadline[0].daemon = True
+            deadline[0].start()
 
     def reload(_signum: int, _frame: object) -> None:
         pipeline.request_schema_reload()  # only a flag: the stream's thread re-reads, and logs what it found
@@ -64,6 +73,19 @@ def run(config_file: Path | None, **flags: Any) -> None:
         # the interpreter winds down (it restores the default handlers, and librdkafka's teardown takes time).
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
+
+
+def _exit_now(seconds: float) -> None:
+    """The shutdown did not end in time (a connection that hangs): exit 1 at once. Nothing more is confirmed
+    to the slot, so what was not is published again after a restart; nothing is lost."""
+    log.error(
+        "the shutdown did not finish within shutdown_timeout (%g s): exiting now; events after the slot's "
+        "confirmed position will be published again after a restart",
+        seconds,
+    )
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(1)
 
 
 @main.command()

@@ -22,6 +22,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.errors import first_line
+from cdc.pg import DEFAULT_QUERY_TIMEOUT, BoundedConnection, silence_params
 
 log = logging.getLogger("cdc.failover")
 
@@ -101,7 +102,9 @@ def _ask_standby(dsn: str, slot: str) -> tuple[bool | None, list[str]]:
         dsn, target_session_attrs="standby", connect_timeout=str(STANDBY_CONNECT_TIMEOUT)
     )
     try:
-        with psycopg.connect(standby_dsn, autocommit=True) as standby:
+        with BoundedConnection.connect(
+            standby_dsn, autocommit=True, **silence_params(standby_dsn, DEFAULT_QUERY_TIMEOUT)
+        ) as standby:
             settings = standby.execute(
                 "SELECT current_setting('sync_replication_slots'), current_setting('hot_standby_feedback'),"
                 " current_setting('primary_slot_name')"

@@ -22,7 +22,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import SourceConnectionError, first_line, parse_lsn
-from cdc.pg import connect_bounded
+from cdc.pg import connect_bounded, side_write_timeout
 
 log = logging.getLogger("cdc.heartbeat")
 
@@ -61,7 +61,10 @@ class Heartbeat:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect_bounded(
-                    self.settings.database_url, statement_ms=STATEMENT_TIMEOUT_MS, lock_ms=LOCK_TIMEOUT_MS
+                    self.settings.database_url,
+                    statement_ms=STATEMENT_TIMEOUT_MS,
+                    lock_ms=LOCK_TIMEOUT_MS,
+                    timeout=side_write_timeout(self.settings.query_timeout, STATEMENT_TIMEOUT_MS),
                 )
             row = self._conn.execute(
                 "SELECT pg_logical_emit_message(false, %s, now()::text)::text", (PREFIX,)

@@ -14,6 +14,7 @@ import time
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, NoReturn
 
+import psycopg
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc import fastpath
@@ -37,7 +38,7 @@ from cdc.stream.progress import PositionWriter, checkpoint_table
 from cdc.stream.refusals import RefusalLedger
 from cdc.stream.route import EventRouter
 from cdc.stream.sink import Headers, KafkaSink
-from cdc.stream.source import ReplicationSource, preflight
+from cdc.stream.source import ReplicationSource, end_walsender, preflight
 from cdc.stream.transactions import (
     FENCED,
     Checkpoint,
@@ -57,6 +58,7 @@ log = logging.getLogger("cdc.pipeline")
 
 STANDBY_POLL = 1.0  # seconds between a standby's attempts to take the slot over
 COMMIT_WAIT = 1.0  # seconds one commit_transaction() call may block before the slot's connection is served
+SHUTDOWN_RESERVE = 5.0  # seconds of shutdown_timeout kept for confirming and closing after Kafka's waits
 
 
 class Lifecycle(Delivery):
@@ -81,6 +83,8 @@ class Lifecycle(Delivery):
         self.tracker = AckTracker(latency=self.latency)
         self._backoff = Backoff(settings.backoff_initial, settings.backoff_multiplier, settings.backoff_max)
         self._stop = False
+        self._stop_at: float | None = None  # monotonic time of the stop request
+        self._last_walsender: int | None = None  # the walsender pid of the last closed source
         self._source: ReplicationSource | None = None
         self._received = 0  # the highest WAL position read from the stream
         self._sent_confirmed = -1
@@ -103,6 +107,8 @@ class Lifecycle(Delivery):
         self.heartbeat = Heartbeat(settings)
         self.position = PositionWriter(settings)  # for `cdc recover`: how far Kafka acknowledged the outbox
         self._last_data = time.monotonic()  # when the stream last carried a change
+        self.turned_at = self.last_ack_at = time.monotonic()
+        self._acked_seen = 0
         self._routes: dict[tuple[bytes, bytes, bytes], Route] = {}
         # Exactly-once delivery (cdc.stream.transactions).
         self.exactly_once = settings.delivery == "exactly-once"
@@ -139,17 +145,50 @@ class Lifecycle(Delivery):
         return sum(1 for t in tuple(times) if t >= since)  # a copy: the stream's thread appends meanwhile
 
     def not_ready(self) -> list[str]:
-        """Why the pipeline is not ready (empty when it is): for /readyz."""
+        """Why the pipeline is not ready (empty when it is): for /readyz. Read from another thread."""
         reasons = []
-        if self._source is None:
+        now = time.monotonic()
+        source = self._source
+        if source is None:
             reasons.append("not streaming from PostgreSQL")
+        elif (silent := now - source.last_message_at) > source.silence:
+            reasons.append(f"nothing from PostgreSQL for {silent:.0f} s (source_silence_timeout)")
         if not self.sink.broker_reachable():
             reasons.append("Kafka does not answer")
+        waiting = self.sink.queue_depth()
+        timeout = self.settings.delivery_timeout
+        if waiting and now - self.last_ack_at > timeout:
+            reasons.append(
+                f"{waiting} events wait for Kafka's acknowledgement, none for {now - self.last_ack_at:.0f} s "
+                f"(delivery_timeout = {timeout:g} s)"
+            )
         return reasons
 
+    def alive(self) -> str | None:
+        """Why the pipeline is stuck (None when its loop turns): for /healthz. Read from another thread."""
+        still = time.monotonic() - self.turned_at
+        if still > self.settings.liveness_timeout:
+            return f"the stream's loop has not turned for {still:.0f} s (liveness_timeout)"
+        return None
+
+    def seconds_since_server_message(self) -> float | None:
+        """How long ago PostgreSQL's replication stream last said anything (None: not streaming)."""
+        source = self._source
+        return None if source is None else time.monotonic() - source.last_message_at
+
     def request_stop(self) -> None:
-        """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler)."""
+        """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler).
+        The shutdown's waits fit in shutdown_timeout from now, with SHUTDOWN_RESERVE left to confirm."""
+        if not self._stop:
+            self._stop_at = time.monotonic()
         self._stop = True
+
+    def _shutdown_left(self) -> float:
+        """Seconds the shutdown may still wait for Kafka: shutdown_timeout from the stop request (or from
+        now), less what confirming and closing needs."""
+        timeout = self.settings.shutdown_timeout
+        start = self._stop_at if self._stop_at is not None else time.monotonic()
+        return max(0.0, start + timeout - min(SHUTDOWN_RESERVE, timeout / 3) - time.monotonic())
 
     def request_schema_reload(self) -> None:
         """Ask the pipeline to re-read schemas_dir between two reads of the stream (safe to call from a
@@ -205,7 +244,8 @@ class Lifecycle(Delivery):
                         continue
                     if first:
                         raise  # another pipeline streams from the slot: a refusal
-                    self._reconnect_later(exc, backoff)
+                    if not self._end_own_walsender(exc):
+                        self._reconnect_later(exc, backoff)
                 except SourceConnectionError as exc:
                     # A slot still held by our own dead walsender is transient after a lost connection.
                     # At the first start, a database that is restarting or being promoted ("not yet
@@ -234,6 +274,23 @@ class Lifecycle(Delivery):
             flood.lsn = self._confirmable()
             raise flood
 
+    def _end_own_walsender(self, exc: SlotActiveError) -> bool:
+        """The slot is held by the walsender of our own last connection, which went silent (frozen by the
+        network, so the server does not know it is gone): end it rather than wait for wal_sender_timeout.
+        True when it was ended and the next session may start at once."""
+        pid, ours = exc.pid, self._last_walsender
+        if pid is None or pid != ours:
+            return False
+        self._last_walsender = None
+        try:
+            ended = end_walsender(self.settings.database_url, pid, self.settings.query_timeout)
+        except (SourceConnectionError, psycopg.Error) as failure:
+            log.warning("could not end our silent walsender (pid %d): %s", pid, failure)
+            return False
+        if ended:
+            log.warning("ended our previous walsender (pid %d), silent since its connection froze", pid)
+        return ended
+
     def _reconnect_later(self, exc: Exception, backoff: Backoff) -> None:
         """The connection to PostgreSQL was lost: let Kafka finish what it has, then wait before the next
         session."""
@@ -260,6 +317,7 @@ class Lifecycle(Delivery):
             table=(s.table.schema, s.table.name),
             check_failover=first,
             checkpoint_table=checkpoint_table(s),
+            timeout=s.query_timeout,
         )
         self._sent_confirmed = -1
         self._txn = None
@@ -271,7 +329,9 @@ class Lifecycle(Delivery):
                 info.server_version // 10000,
             )
         self.heartbeat.by_keepalive = info.server_version < 140000
-        source = ReplicationSource(s.database_url, slot=s.slot, publication=s.publication)
+        source = ReplicationSource(
+            s.database_url, slot=s.slot, publication=s.publication, silence=s.source_silence_timeout
+        )
         source.start()
         self._source = source
         server = source.identity
@@ -367,6 +427,8 @@ class Lifecycle(Delivery):
             value = checkpoint.encode(slot, database=database_of(s))
             self.sink.produce_checkpoint(s.checkpoint_topic, slot.key, value, self._keep_alive)
         deadline = time.monotonic() + s.delivery_timeout
+        if self._stop:  # stopping: within shutdown_timeout
+            deadline = min(deadline, time.monotonic() + self._shutdown_left())
         while True:
             try:
                 self.sink.commit_transaction(COMMIT_WAIT)
@@ -482,6 +544,7 @@ class Lifecycle(Delivery):
     def _close_source(self) -> None:
         source, self._source = self._source, None
         if source is not None:
+            self._last_walsender = source.backend_pid
             source.close()
 
     def _shutdown(self) -> None:
@@ -494,7 +557,7 @@ class Lifecycle(Delivery):
                 log.warning("the open Kafka transaction was not committed: %s", exc)
         if self.tracker.failure is not None:
             self.sink.purge_queue()  # what it still holds would land behind the failed record
-        left = self.sink.flush(timeout)
+        left = self.sink.flush(self._shutdown_left())
         if left:
             log.warning(
                 "%d events not acknowledged within shutdown_timeout (%g s); they will be published "
@@ -517,7 +580,7 @@ class Lifecycle(Delivery):
                     exc,
                 )
             self._source = None
-            source.finish()
+            source.finish(timeout=min(2.0, SHUTDOWN_RESERVE / 2))
         self.position.offer(float("inf"), self._sent_confirmed, self.tracker.last_outbox)
         self.position.close()
         log.info(

@@ -104,6 +104,7 @@ class Pipeline(Lifecycle):
                         if keepalive.reply_requested:
                             self._send_status()
             now = time.monotonic()
+            self._turned(now)
             if last_wal is not None:
                 self._received = max(self._received, int.from_bytes(last_wal[1:9], "big"))
                 self.server_wal_end = int.from_bytes(last_wal[9:17], "big")

@@ -30,7 +30,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import RecoveryUnfinishedError, SourceConnectionError, first_line, format_lsn
-from cdc.pg import connect_bounded
+from cdc.pg import connect_bounded, side_write_timeout
 
 log = logging.getLogger("cdc.progress")
 
@@ -137,7 +137,10 @@ class PositionWriter:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect_bounded(
-                    self.settings.database_url, statement_ms=STATEMENT_TIMEOUT_MS, lock_ms=LOCK_TIMEOUT_MS
+                    self.settings.database_url,
+                    statement_ms=STATEMENT_TIMEOUT_MS,
+                    lock_ms=LOCK_TIMEOUT_MS,
+                    timeout=side_write_timeout(self.settings.query_timeout, STATEMENT_TIMEOUT_MS),
                 )
             self._conn.execute(
                 f"INSERT INTO {table} AS c (slot, confirmed_lsn, commit_time, updated_at)"

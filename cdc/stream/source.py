@@ -34,7 +34,7 @@ from cdc.errors import (
     format_lsn,
     parse_lsn,
 )
-from cdc.pg import connect
+from cdc.pg import DEFAULT_QUERY_TIMEOUT, connect, connect_replication
 from cdc.stream import failover as failover_slots
 from cdc.stream.identity import ServerIdentity, SlotIdentity, TimelineSwitch, parse_timeline_history
 from cdc.stream.pgoutput import standby_status_update
@@ -108,10 +108,12 @@ def preflight(
     table: tuple[str, str],
     check_failover: bool = False,
     checkpoint_table: str | None = None,
+    timeout: float | None = None,
 ) -> SlotInfo:
     """Refuse plainly, before streaming, when the database cannot stream the outbox safely. With
-    ``checkpoint_table``, also when a `cdc recover` of the slot did not finish."""
-    with connect(dsn) as conn:
+    ``checkpoint_table``, also when a `cdc recover` of the slot did not finish. ``timeout``: each wait for
+    the server (query_timeout)."""
+    with connect(dsn, timeout=timeout or DEFAULT_QUERY_TIMEOUT) as conn:
         server_version = conn.info.server_version
         check_wal_level(conn)
         user, may_stream = conn.execute(
@@ -185,7 +187,8 @@ def preflight(
         if active:
             raise SlotActiveError(
                 f"replication slot '{slot}' is in use by another process (pid {active_pid}); "
-                "only one pipeline may stream from a slot. Stop the other one first"
+                "only one pipeline may stream from a slot. Stop the other one first",
+                pid=active_pid,
             )
         created_lsn = None
         if checkpoint_table is not None:
@@ -218,83 +221,126 @@ def preflight(
     )
 
 
-def _command(pgconn: pq.abc.PGconn, command: str) -> pq.abc.PGresult:
-    """A replication command (simple query protocol only), its failure a SourceConnectionError."""
-    result = pgconn.exec_(command.encode())
-    if result.status != pq.ExecStatus.TUPLES_OK:
-        raise SourceConnectionError(f"{command.split()[0]} failed: {_result_error(result)}")
+def end_walsender(dsn: str, pid: int, timeout: float) -> bool:
+    """Terminate our own walsender of a connection that went silent: the server would keep it, and the
+    slot with it, until wal_sender_timeout. A role may end its own backends. True when it was ended."""
+    with connect(dsn, timeout=timeout) as conn:
+        row = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE pid = %s", (pid,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _answer(pgconn: pq.abc.PGconn, timeout: float, what: str) -> pq.abc.PGresult | None:
+    """The next result of the command sent, waiting at most ``timeout`` seconds for the server: a blocking
+    get_result() would wait for ever on a connection that went silent."""
+    deadline = time.monotonic() + timeout
+    try:
+        while pgconn.is_busy():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceConnectionError(f"{what}: no answer from PostgreSQL within {timeout:g} s")
+            ready, _, _ = select.select([pgconn.socket], [], [], left)
+            if ready:
+                pgconn.consume_input()
+    except psycopg.OperationalError as exc:
+        raise SourceConnectionError(f"{what}: {first_line(exc)}") from exc
+    return pgconn.get_result()
+
+
+def command(pgconn: pq.abc.PGconn, text: str, timeout: float) -> pq.abc.PGresult:
+    """A replication command (simple query protocol only) that returns rows, bounded by ``timeout``; its
+    failure a SourceConnectionError."""
+    what = text.split()[0]
+    try:
+        pgconn.send_query(text.encode())
+    except psycopg.OperationalError as exc:
+        raise SourceConnectionError(f"{what}: {first_line(exc)}") from exc
+    result = _answer(pgconn, timeout, what)
+    while _answer(pgconn, timeout, what) is not None:
+        pass  # the end of the command's results
+    if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+        message = "no result" if result is None else _result_error(result)
+        raise SourceConnectionError(f"{what} failed: {message}")
     return result
 
 
-def identify(conn: psycopg.Connection[Any]) -> ServerIdentity:
+def identify(conn: psycopg.Connection[Any], timeout: float) -> ServerIdentity:
     """``IDENTIFY_SYSTEM`` on a replication connection, and the timeline's history past timeline 1: the WAL
     history that the LSNs of this session belong to."""
     pgconn = conn.pgconn
-    result = _command(pgconn, "IDENTIFY_SYSTEM")
+    result = command(pgconn, "IDENTIFY_SYSTEM", timeout)
     system_id, timeline, flushed = (result.get_value(0, n) or b"" for n in range(3))
     tli = int(timeline)
     history: tuple[TimelineSwitch, ...] = ()
     if tli > 1:
-        content = _command(pgconn, f"TIMELINE_HISTORY {tli}").get_value(0, 1) or b""
+        content = command(pgconn, f"TIMELINE_HISTORY {tli}", timeout).get_value(0, 1) or b""
         if content.startswith(b"\\x"):  # bytea in text form, should a server send it so
             content = bytes.fromhex(content[2:].decode())
         history = parse_timeline_history(content)
     return ServerIdentity(system_id.decode(), tli, parse_lsn(flushed.decode()), history)
 
 
-def server_identity(dsn: str) -> ServerIdentity:
+def server_identity(dsn: str, timeout: float) -> ServerIdentity:
     """:func:`identify` on a replication connection of its own (for the commands: status, teardown)."""
-    try:
-        conn = psycopg.connect(dsn, replication="database", autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
-    with conn:
-        return identify(conn)
+    with connect_replication(dsn, silence=timeout) as conn:
+        return identify(conn, timeout)
 
 
 def slot_identity(settings: Settings) -> SlotIdentity:
     """The slot's identity as `cdc run` keys its exactly-once checkpoint: the server's system identifier,
     the slot's name, and where `cdc setup` or `cdc recover` created it."""
-    server = server_identity(settings.database_url)
-    with connect(settings.database_url) as conn:
+    server = server_identity(settings.database_url, settings.query_timeout)
+    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
         saved = read_position(conn, settings)
     return SlotIdentity(server.system_id, settings.slot, None if saved is None else saved.slot_created_lsn)
 
 
 class ReplicationSource:
-    """One streaming session on a slot. Not reusable: after an error, make a new one."""
+    """One streaming session on a slot. Not reusable: after an error, make a new one.
 
-    def __init__(self, dsn: str, *, slot: str, publication: str) -> None:
+    Silence is a failure: when the server has sent nothing for a third of ``silence`` seconds, a status
+    update asks it for a reply (a walsender answers at once with a keepalive); when nothing has come for
+    ``silence`` seconds, :meth:`read` raises SourceConnectionError, as for a closed connection. A connection
+    that a NAT, a proxy or a paused VM froze is replaced like one the server ended."""
+
+    def __init__(self, dsn: str, *, slot: str, publication: str, silence: float = 30.0) -> None:
         self._dsn = dsn
         self._slot = slot
         self._publication = publication
+        self.silence = silence
         self._conn: psycopg.Connection[Any] | None = None
         self._pgconn: pq.abc.PGconn | None = None
         self._sock = -1
         self.last_status_at = 0.0
+        self.last_message_at = time.monotonic()  # when the server last sent anything
+        self._pinged = False  # a reply was asked for since the last message
+        self._status = (0, 0)  # the last (written, flushed) sent
         self.identity: ServerIdentity | None = None
+        self.backend_pid: int | None = None
 
     def start(self) -> None:
         """Open the replication connection and start streaming from the slot's confirmed position."""
-        try:
-            conn = psycopg.connect(self._dsn, replication="database", autocommit=True, connect_timeout=10)
-        except psycopg.OperationalError as exc:
-            raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
+        conn = connect_replication(self._dsn, silence=self.silence)
         self._conn = conn
         pgconn = conn.pgconn
         try:
-            self.identity = identify(conn)
-        except (SourceConnectionError, psycopg.Error) as exc:
+            self.identity = identify(conn, self.silence)
+        except SourceConnectionError:
             self.close()
-            if isinstance(exc, SourceConnectionError):
-                raise
-            raise SourceConnectionError(f"IDENTIFY_SYSTEM failed: {first_line(exc)}") from exc
+            raise
         options = pgoutput_options(conn.info.server_version, self._publication)
         opts = ", ".join(f"{quote_ident(k)} {quote_literal(v)}" for k, v in options.items())
         # 0/0: the server starts at the slot's confirmed_flush_lsn, the only position we ever trust.
         command = f"START_REPLICATION SLOT {quote_ident(self._slot)} LOGICAL 0/0 ({opts})"
-        pgconn.send_query(command.encode())
-        result = pgconn.get_result()
+        try:
+            pgconn.send_query(command.encode())
+            result = _answer(pgconn, self.silence, "START_REPLICATION")
+        except (SourceConnectionError, psycopg.OperationalError) as exc:
+            self.close()
+            if isinstance(exc, SourceConnectionError):
+                raise
+            raise SourceConnectionError(f"START_REPLICATION: {first_line(exc)}") from exc
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             message = pgconn.get_error_message() if result is None else _result_error(result)
             sqlstate = None if result is None else result.error_field(pq.DiagnosticField.SQLSTATE)
@@ -308,6 +354,8 @@ class ReplicationSource:
             raise SourceConnectionError(f"START_REPLICATION failed: {message}")
         self._pgconn = pgconn
         self._sock = pgconn.socket
+        self.backend_pid = pgconn.backend_pid  # our walsender's, to end it should this connection freeze
+        self.last_message_at = time.monotonic()
         log.info("streaming from slot %s (pgoutput proto_version %s)", self._slot, options["proto_version"])
 
     def read(self, timeout: float) -> list[bytes]:
@@ -326,6 +374,8 @@ class ReplicationSource:
                 if nbytes > 0:
                     append(bytes(data))
                     if len(out) >= MAX_BATCH:
+                        self.last_message_at = time.monotonic()
+                        self._pinged = False
                         return out
                 elif nbytes == 0:
                     # libpq's buffer is empty. Keep reading while the socket has more (one socket read is
@@ -333,6 +383,11 @@ class ReplicationSource:
                     # only when there is nothing at all yet.
                     ready, _, _ = select.select(sock, [], [], 0 if out else wait)
                     if not ready:
+                        if out:
+                            self.last_message_at = time.monotonic()
+                            self._pinged = False
+                        else:
+                            self._mind_the_silence()
                         return out
                     pgconn.consume_input()
                     wait = 0
@@ -342,6 +397,17 @@ class ReplicationSource:
                     raise SourceConnectionError(f"replication stream ended: {message}")
         except psycopg.OperationalError as exc:
             raise SourceConnectionError(f"replication connection lost: {first_line(exc)}") from exc
+
+    def _mind_the_silence(self) -> None:
+        silent = time.monotonic() - self.last_message_at
+        if silent >= self.silence:
+            raise SourceConnectionError(
+                f"nothing from PostgreSQL for {silent:.0f} s (source_silence_timeout = {self.silence:g} s), "
+                "not even an answer to a request for one: the replication connection is taken for dead"
+            )
+        if silent >= self.silence / 3 and not self._pinged:
+            self._pinged = True
+            self.send_status(*self._status, reply=True)
 
     def send_status(self, written: int, flushed: int, *, reply: bool = False) -> None:
         """Tell the server how far we have received (``written``) and what it may forget (``flushed``)."""
@@ -358,6 +424,7 @@ class ReplicationSource:
                 f"could not send a status update: {first_line(exc)}", lsn=flushed
             ) from exc
         self.last_status_at = time.monotonic()
+        self._status = (written, flushed)
         log.debug("status update: written %s, flushed %s", format_lsn(written), format_lsn(flushed))
 
     def finish(self, timeout: float = 5.0) -> None:

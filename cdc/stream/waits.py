@@ -88,6 +88,19 @@ class Waits:
     # cover, beyond which the slot may not be confirmed while a Kafka transaction is open.
     ktx: KafkaTransaction
     _kafka_safe_lsn: int
+    # Liveness and readiness (/healthz, /readyz): when the stream's loop (or a wait of it) last turned, and
+    # when Kafka last acknowledged something (monotonic); acked_seen is the acknowledgement count then.
+    turned_at: float
+    last_ack_at: float
+    _acked_seen: int
+
+    def _turned(self, now: float) -> None:
+        """The loop turned: note it, and whether Kafka acknowledged anything since the last turn."""
+        self.turned_at = now
+        acked = self.tracker.acked_events
+        if acked != self._acked_seen:
+            self._acked_seen = acked
+            self.last_ack_at = now
 
     def _confirmable(self) -> int:
         """What may be confirmed to the slot: the acknowledged watermark, and with exactly-once delivery no
@@ -127,6 +140,7 @@ class Waits:
         status updates flowing, and confirm a moved watermark as often as the stream loop does. A full
         queue is where acknowledgements arrive fastest; left unconfirmed, a kill -9 would publish them
         again, beyond the in-flight window. A failed delivery ends the wait: nothing is produced after it."""
+        self._turned(time.monotonic())
         if self._stop:
             raise StopRequested
         if self.tracker.failure is not None or self.sink.fatal_error is not None:
@@ -156,6 +170,7 @@ class Waits:
     def _sleep(self, seconds: float, keep_alive: bool = False) -> None:
         deadline = time.monotonic() + seconds
         while not self._stop and (left := deadline - time.monotonic()) > 0:
+            self._turned(time.monotonic())
             self.sink.poll(min(left, 0.2))
             if keep_alive:
                 self._keep_alive()

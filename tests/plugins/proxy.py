@@ -63,6 +63,21 @@ class KafkaLink(Link):
             time.sleep(wait)
 
 
+class FreezableLink(Link):
+    """A connection that can go silent without closing: while frozen, nothing passes either way (what the
+    peers send waits in the proxy), as through a NAT that forgot it or a hung load balancer."""
+
+    def __init__(self) -> None:
+        self.thawed = threading.Event()
+        self.thawed.set()
+
+    def request(self, data: bytes) -> None:
+        self.thawed.wait()
+
+    def response(self, data: bytes) -> None:
+        self.thawed.wait()
+
+
 class TcpProxy:
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -70,6 +85,22 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._links: list[FreezableLink] = []
+        self._freeze_new = False
+
+    def freeze(self, *, new_too: bool = False) -> None:
+        """Forward nothing more on the open connections (and, ``new_too``, on those opened from now on),
+        keeping them open: a silent network, not a closed one."""
+        with self._lock:
+            self._freeze_new = new_too
+            for link in self._links:
+                link.thawed.clear()
+
+    def thaw(self) -> None:
+        with self._lock:
+            self._freeze_new = False
+            for link in self._links:
+                link.thawed.set()
 
     @property
     def listening(self) -> bool:
@@ -85,6 +116,7 @@ class TcpProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def stop(self) -> None:
+        self.thaw()  # frozen pipes would never see their sockets close
         listener, self._listener = self._listener, None
         if listener is not None:
             # close() alone does not wake a thread blocked in accept(), and the kernel would keep accepting.
@@ -121,8 +153,13 @@ class TcpProxy:
             threading.Thread(target=self._pipe, args=(upstream, client, link.response), daemon=True).start()
 
     def _link(self) -> Link:
-        """What watches one connection's two directions: nothing, here."""
-        return Link()
+        """What watches one connection's two directions: here, whether it is frozen."""
+        link = FreezableLink()
+        with self._lock:
+            self._links.append(link)
+            if self._freeze_new:
+                link.thawed.clear()
+        return link
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket, watch: Callable[[bytes], None]) -> None:

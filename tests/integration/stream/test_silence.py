@@ -1,0 +1,131 @@
+"""When the network goes quiet (issue 25): `cdc run` reaches PostgreSQL through a proxy that can freeze its
+connections, keeping them open and forwarding nothing, as a NAT that forgot them or a hung load balancer
+would. The pipeline must notice within source_silence_timeout, say so on /readyz, reconnect with nothing
+lost, and stop on SIGTERM within shutdown_timeout however frozen its connections are."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.integration.stream.test_exactly_once import ids, read_all
+from tests.integration.test_metrics import get, metric
+from tests.plugins.pipeline import Outbox, free_port, wait_until
+from tests.plugins.postgres import dsn_for
+from tests.plugins.proxy import TcpProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SILENCE = 6  # seconds: CDC_SOURCE_SILENCE_TIMEOUT in these tests
+
+
+class Load:
+    """Commits one event every ``period`` seconds straight to PostgreSQL (not through the proxy)."""
+
+    def __init__(self, outbox: Outbox, period: float = 0.05) -> None:
+        self.outbox, self.period = outbox, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.count = 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.outbox.commit([self.outbox.event(f"q-{self.count % 5}")])
+            self.count += 1
+            time.sleep(self.period)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@pytest.fixture
+def proxied(outbox: Outbox, tcp_proxy) -> tuple[TcpProxy, dict[str, str]]:
+    params = outbox.conn.info.get_parameters()
+    proxy = tcp_proxy(outbox.conn.info.host, int(params.get("port", outbox.conn.info.port)))
+    env = {
+        "CDC_DATABASE_URL": dsn_for(outbox.dsn, host="127.0.0.1", port=str(proxy.port)),
+        "CDC_SOURCE_SILENCE_TIMEOUT": str(SILENCE),
+        "CDC_QUERY_TIMEOUT": "3",
+        "CDC_HEARTBEAT_INTERVAL": "2",
+    }
+    return proxy, env
+
+
+def arrived(bootstrap: str, outbox: Outbox) -> set[str]:
+    """Every event id in the topic (at-least-once: a reconnect publishes some again)."""
+    return set(ids(read_all(bootstrap, outbox.topic("order"))))
+
+
+def test_frozen_connections_are_noticed_and_replaced_under_load_with_nothing_lost(
+    outbox: Outbox, pipeline_process, proxied, kafka_bootstrap
+):
+    proxy, env = proxied
+    port = free_port()
+    proc = pipeline_process(**env, CDC_METRICS_PORT=str(port))
+    proc.wait_streaming()
+    with Load(outbox):
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "ready")
+        time.sleep(2)
+        proxy.freeze()  # every connection open through it goes silent; new ones pass
+        frozen_at = time.monotonic()
+        proc.wait_for_log(r"taken for dead", SILENCE + 10)
+        noticed = time.monotonic() - frozen_at
+        proc.wait_for_log(r"resuming after confirmed LSN .* \(reconnected\)", 30)
+        before = outbox.current_lsn()
+        wait_until(lambda: outbox.confirmed_lsn() >= before, 30, "the new connection to confirm new events")
+        resumed = time.monotonic() - frozen_at
+        time.sleep(1)
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 30, "the slot confirmed every event")
+    expected = outbox.ids()
+    missing = expected - arrived(kafka_bootstrap, outbox)
+    assert not missing, f"{len(missing)} events missing"
+    print(f"freeze noticed after {noticed:.1f} s, stream confirming again after {resumed:.1f} s")
+    assert noticed <= SILENCE + 3
+    assert resumed <= SILENCE + 15
+    assert proc.terminate(timeout=40) == 0, proc.tail()
+
+
+def test_readyz_says_when_postgresql_is_silent_and_sigterm_ends_a_frozen_process(
+    outbox: Outbox, pipeline_process, proxied
+):
+    proxy, env = proxied
+    port = free_port()
+    proc = pipeline_process(**env, CDC_METRICS_PORT=str(port), CDC_SHUTDOWN_TIMEOUT="10")
+    proc.wait_streaming()
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "ready")
+    proxy.freeze(new_too=True)  # everything through the proxy, old and new connections, goes silent
+    status, body = wait_until(lambda: (r := get(port, "/readyz"))[0] == 503 and r, SILENCE + 15, "not ready")
+    assert "PostgreSQL" in body, body
+    metrics = get(port, "/metrics")[1]
+    assert "cdc_ready 0.0" in metrics
+    assert get(port, "/healthz")[0] == 200, "a wait with a bound is no reason to restart the process"
+    stopping = time.monotonic()
+    rc = proc.terminate(timeout=30)
+    took = time.monotonic() - stopping
+    assert rc in (0, 1), proc.tail()
+    assert took <= 10 + 2, f"SIGTERM took {took:.1f} s with shutdown_timeout = 10"
+
+
+def test_the_seconds_since_the_last_server_message_are_a_metric(outbox: Outbox, pipeline_process, proxied):
+    proxy, env = proxied
+    port = free_port()
+    proc = pipeline_process(**env, CDC_METRICS_PORT=str(port))
+    proc.wait_streaming()
+    wait_until(lambda: get(port, "/readyz")[0] == 200, 30, "ready")
+    assert metric(get(port, "/metrics")[1], "cdc_seconds_since_last_server_message") < SILENCE
+    proxy.freeze()
+    wait_until(
+        lambda: metric(get(port, "/metrics")[1], "cdc_seconds_since_last_server_message") >= SILENCE / 2,
+        SILENCE + 5,
+        "the silence to show",
+    )
+    proxy.thaw()
+    assert proc.terminate(timeout=40) == 0, proc.tail()

@@ -549,6 +549,7 @@ export CDC_STACK_PG_VERSION='$PG_VERSION'
 export CDC_STACK_PG_SOCKET_DIR='$PG_RUN'
 export CDC_STACK_PG_PORT='$PG_PORT'
 export CDC_STACK_KAFKA_LIBS='$KAFKA_LIBS'
+export CDC_STACK_PROMTOOL='${PROMTOOL:-}'
 EOF
         if [ -n "${PG_STANDBY_PORT:-}" ]; then
             cat >>"$STACK_DIR/env" <<EOF
@@ -560,8 +561,30 @@ EOF
     )
 }
 
+# promtool checks deploy/prometheus's alert rules (tests/unit/test_deploy.py). Only the tool is taken from
+# Debian's prometheus package, unpacked under .stack/prometheus: installing the package would also start a
+# Prometheus server.
+PROMTOOL_HOME=$STACK_DIR/prometheus
+ensure_promtool() {
+    PROMTOOL=$(command -v promtool || true)
+    [ -n "$PROMTOOL" ] && return
+    PROMTOOL=$PROMTOOL_HOME/usr/bin/promtool
+    [ -x "$PROMTOOL" ] && return
+    say "unpacking promtool from Debian's prometheus package into $PROMTOOL_HOME"
+    mkdir -p "$PROMTOOL_HOME"
+    if ! (cd "$PROMTOOL_HOME" && apt-get download prometheus >"$STACK_DIR/logs/apt.log" 2>&1); then
+        if is_root; then apt-get update -q >>"$STACK_DIR/logs/apt.log" 2>&1 || true; fi
+        (cd "$PROMTOOL_HOME" && apt-get download prometheus >>"$STACK_DIR/logs/apt.log" 2>&1) ||
+            fail "apt-get download prometheus failed" "$STACK_DIR/logs/apt.log"
+    fi
+    dpkg-deb -x "$(ls "$PROMTOOL_HOME"/prometheus_*.deb | head -n 1)" "$PROMTOOL_HOME" ||
+        fail "could not unpack the prometheus package in $PROMTOOL_HOME"
+    rm -f "$PROMTOOL_HOME"/prometheus_*.deb
+}
+
 cmd_up() {
     mkdir -p "$STACK_DIR/logs"
+    ensure_promtool
     start_postgres
     start_kafka
     start_registry

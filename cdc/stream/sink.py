@@ -64,6 +64,8 @@ DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 # Exactly-once: librdkafka's transaction.timeout.ms unless kafka.transaction.timeout.ms says otherwise; the
 # broker's transaction.max.timeout.ms (15 minutes by default) must not be lower.
 TRANSACTION_TIMEOUT_MS = 300_000
+# Seconds a topic just created may stay unknown to DescribeConfigs while its metadata propagates.
+TOPIC_PROPAGATION = 10.0
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
@@ -292,12 +294,8 @@ class KafkaSink:
     def _read_limit(self, topic: str) -> int | None:
         if self._limits_unreadable:
             return None
-        resource = ConfigResource(ResourceType.TOPIC, topic)
         try:
-            entries = self._admin.describe_configs([resource], request_timeout=10)[resource].result(
-                timeout=15
-            )
-            limit = int(entries["max.message.bytes"].value)
+            limit = int(self._describe_topic(topic)["max.message.bytes"].value)
         except (KafkaException, KeyError, ValueError, TypeError) as exc:
             # Without DescribeConfigs rights the limit is found the hard way: a refusal, then a replay.
             self._limits_unreadable = True
@@ -309,6 +307,23 @@ class KafkaSink:
             )
             return None
         return None if worst_case_size(self.message_max_bytes) <= limit else limit
+
+    def _describe_topic(self, topic: str) -> Any:
+        """The topic's configuration. A topic created a moment ago may be unknown to the broker that answers
+        until its metadata has propagated: asked again for up to TOPIC_PROPAGATION seconds."""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        deadline = time.monotonic() + TOPIC_PROPAGATION
+        while True:
+            try:
+                return self._admin.describe_configs([resource], request_timeout=10)[resource].result(
+                    timeout=15
+                )
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                unknown = isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                if not unknown or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
 
     def _create_topic(self, topic: str, partitions: int = 0, config: dict[str, str] | None = None) -> None:
         s = self._settings

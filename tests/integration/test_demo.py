@@ -24,6 +24,8 @@ def test_demo_shows_decoded_events_and_the_dead_letter(pg_admin_dsn, kafka_boots
     assert "field 'amount_cents' expects long, got string" in out
     assert "a lot" not in out + done.stderr, "a payload value leaked into the output or the logs"
     assert "cdc run exited with 0" in out
+    # The topics cdc run creates are described once their metadata has propagated, not left unchecked.
+    assert "cannot read topic" not in out + done.stderr, out + done.stderr
     again = subprocess.run(
         [sys.executable, "examples/demo.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
     )

@@ -9,8 +9,8 @@ is a metric name. Grafana's variables (``$instance``, ``$__rate_interval``) are 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path

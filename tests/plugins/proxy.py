@@ -27,18 +27,35 @@ class Link:
         pass
 
 
-class KafkaLink(Link):
+class FreezableLink(Link):
+    """A connection that can go silent without closing: while frozen, nothing passes either way (what the
+    peers send waits in the proxy), as through a NAT that forgot it or a hung load balancer."""
+
+    def __init__(self) -> None:
+        self.thawed = threading.Event()
+        self.thawed.set()
+
+    def request(self, data: bytes) -> None:
+        self.thawed.wait()
+
+    def response(self, data: bytes) -> None:
+        self.thawed.wait()
+
+
+class KafkaLink(FreezableLink):
     """Reads the Kafka request frames a client sends (int32 size, int16 api key, ...) and, once a request
     of ``proxy.hold_api_key`` passed, holds every response of this connection for ``proxy.hold_seconds``:
     the broker did the work, the client does not hear of it in time."""
 
     def __init__(self, proxy: KafkaProxy) -> None:
+        super().__init__()
         self.proxy = proxy
         self.pending = b""
         self.skip = 0
         self.hold_until = 0.0
 
     def request(self, data: bytes) -> None:
+        super().request(data)
         buf = self.pending + data
         pos = 0
         while True:
@@ -58,24 +75,10 @@ class KafkaLink(Link):
         self.pending = buf[pos:]
 
     def response(self, data: bytes) -> None:
+        super().response(data)
         wait = self.hold_until - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-
-
-class FreezableLink(Link):
-    """A connection that can go silent without closing: while frozen, nothing passes either way (what the
-    peers send waits in the proxy), as through a NAT that forgot it or a hung load balancer."""
-
-    def __init__(self) -> None:
-        self.thawed = threading.Event()
-        self.thawed.set()
-
-    def request(self, data: bytes) -> None:
-        self.thawed.wait()
-
-    def response(self, data: bytes) -> None:
-        self.thawed.wait()
 
 
 class TcpProxy:
@@ -154,7 +157,9 @@ class TcpProxy:
 
     def _link(self) -> Link:
         """What watches one connection's two directions: here, whether it is frozen."""
-        link = FreezableLink()
+        return self._track(FreezableLink())
+
+    def _track(self, link: FreezableLink) -> FreezableLink:
         with self._lock:
             self._links.append(link)
             if self._freeze_new:
@@ -213,4 +218,4 @@ class KafkaProxy(TcpProxy):
             self.held.set()
 
     def _link(self) -> Link:
-        return KafkaLink(self)
+        return self._track(KafkaLink(self))

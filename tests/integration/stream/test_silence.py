@@ -129,3 +129,44 @@ def test_the_seconds_since_the_last_server_message_are_a_metric(outbox: Outbox, 
     )
     proxy.thaw()
     assert proc.terminate(timeout=40) == 0, proc.tail()
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
+def test_a_silent_broker_bounds_every_wait_and_the_stream_resumes_when_it_answers(
+    outbox: Outbox, pipeline_process, proxied_kafka, unique_name, delivery
+):
+    """Kafka goes quiet (every connection through its proxy frozen, new ones too) under load: /readyz says
+    so, librdkafka's timeouts end the pipeline's waits (produce, flush, commit), SIGTERM ends the process
+    within shutdown_timeout, and after the thaw a new run publishes everything."""
+    broker, proxy = proxied_kafka
+    port = free_port()
+    checkpoints = unique_name("ckpt")
+    env = {
+        "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "CDC_DELIVERY": delivery,
+        "CDC_CHECKPOINT_TOPIC": checkpoints,
+        "CDC_DELIVERY_TIMEOUT": "5",
+        "CDC_SHUTDOWN_TIMEOUT": "10",
+        "CDC_METRICS_PORT": str(port),
+    }
+    proc = pipeline_process(**env)
+    proc.wait_streaming()
+    with Load(outbox):
+        wait_until(lambda: get(port, "/readyz")[0] == 200, 60, "ready")
+        time.sleep(1)
+        proxy.freeze(new_too=True)
+        status, body = wait_until(lambda: (r := get(port, "/readyz"))[0] == 503 and r, 30, "not ready")
+        assert "Kafka" in body, body
+        stopping = time.monotonic()
+        rc = proc.terminate(timeout=30)
+        took = time.monotonic() - stopping
+    assert rc in (0, 1), proc.tail()
+    assert took <= 10 + 2, f"SIGTERM took {took:.1f} s with shutdown_timeout = 10"
+    proxy.thaw()
+    again = pipeline_process(**{**env, "CDC_METRICS_PORT": str(free_port())})
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 90, "the slot confirmed every event")
+    seen = set(ids(read_all(broker.bootstrap, outbox.topic("order"))))
+    missing = outbox.ids() - seen
+    assert not missing, f"{len(missing)} events missing"
+    assert again.terminate(timeout=40) == 0, again.tail()

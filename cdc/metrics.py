@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
+from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psycopg
@@ -182,9 +183,24 @@ def _latency_histogram(p: Pipeline) -> HistogramMetricFamily:
     )
 
 
+REQUEST_TIMEOUT = 10.0  # seconds a client may take to send its request (and to read the answer)
+
+
 class _Quiet(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT  # the socket's: a connection that sends nothing is dropped, not waited on
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("metrics: " + format, *args)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per connection: one client that connects and says nothing (a stuck probe, a port scan)
+    must not keep /healthz from answering the next, which a liveness probe would take for a dead pipeline."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics: a request from %s failed", client_address, exc_info=True)
 
 
 READY_CACHE_SECONDS = 2.0  # /readyz asks Kafka at most this often, however often it is probed
@@ -213,7 +229,9 @@ class MetricsServer:
         self._slot: tuple[float, tuple[bool, int | None] | None] | None = None  # (when asked, answer)
         self._slot_conn: psycopg.Connection[Any] | None = None
         try:
-            self._server: WSGIServer = make_server(host, port, self._app, handler_class=_Quiet)
+            self._server: WSGIServer = make_server(
+                host, port, self._app, server_class=_Server, handler_class=_Quiet
+            )
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve metrics on {host}:{port}: {exc.strerror}; choose another metrics_port "

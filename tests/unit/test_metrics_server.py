@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 import urllib.request
 
 from cdc.metrics import READY_CACHE_SECONDS, MetricsServer
@@ -15,6 +17,9 @@ class _Pipeline:
     def not_ready(self) -> list[str]:
         self.asked += 1
         return list(self.reasons)
+
+    def alive(self) -> str | None:
+        return None
 
 
 class _Clock:
@@ -53,4 +58,21 @@ def test_readiness_is_asked_of_the_pipeline_at_most_once_per_cache_period():
             assert exc.code == 503 and b"Kafka does not answer" in exc.read()
         assert pipeline.asked == 2
     finally:
+        server.stop()
+
+
+def test_a_client_that_sends_nothing_does_not_keep_healthz_from_answering():
+    server = MetricsServer(_Pipeline(), 0)  # type: ignore[arg-type]
+    server.start()
+    idle = socket.create_connection(("127.0.0.1", server.port))
+    half = socket.create_connection(("127.0.0.1", server.port))
+    half.sendall(b"GET /healthz HTTP/1.1\r\nHost: x")  # and never the rest
+    try:
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as answer:
+            assert answer.status == 200
+        assert time.monotonic() - started < 2
+    finally:
+        idle.close()
+        half.close()
         server.stop()

@@ -32,7 +32,7 @@ def parse_time(text: str, option: str) -> datetime:
     if _DURATION.match(value.lower()):
         from cdc.ops.retention import parse_duration
 
-        return datetime.now(UTC) - parse_duration(value)
+        return datetime.now(UTC) - parse_duration(value, option)
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -103,7 +103,7 @@ def recover(
     chosen = recovery.plan(
         settings,
         since=parse_time(since, "--since") if since else None,
-        margin=parse_duration(margin),
+        margin=parse_duration(margin, "--margin"),
         accept_gap=accept_gap,
     )
     click.echo(chosen.describe())

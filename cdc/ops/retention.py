@@ -26,20 +26,21 @@ _PART = re.compile(r"(\d+)\s*(w|d|h|m|s)")
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 
 
-def parse_duration(text: str) -> timedelta:
-    """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w``: a positive duration."""
+def parse_duration(text: str, option: str = "--older-than") -> timedelta:
+    """``7d``, ``12h``, ``1h30m``, ``90s``, ``2w``: a positive duration; errors name ``option``."""
+    key = option.lstrip("-").replace("-", "_")
     compact = text.strip().lower().replace(" ", "")
     parts = _PART.findall(compact)
     if not parts or "".join(n + u for n, u in parts) != compact:
         raise ConfigError(
-            f"--older-than {text!r} is not a duration: use a number with a unit, e.g. 7d, 12h, 1h30m, 90s",
-            key="older_than",
+            f"{option} {text!r} is not a duration: use a number with a unit, e.g. 7d, 12h, 1h30m, 90s",
+            key=key,
         )
     duration = timedelta(0)
     for number, unit in parts:
         duration += timedelta(**{_UNITS[unit]: int(number)})
     if duration <= timedelta(0):
-        raise ConfigError("--older-than must be longer than zero", key="older_than")
+        raise ConfigError(f"{option} must be longer than zero", key=key)
     return duration
 
 

@@ -90,11 +90,28 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     return conf
 
 
+# The librdkafka keys of how to reach and trust the brokers, which every client of the pipeline takes (the
+# admin client, the checkpoint reader, the dead-letter tools), not only the producer: TLS, SASL and OAUTHBEARER
+# (among them enable.ssl.certificate.verification and enable.sasl.oauthbearer.unsecure.jwt), the socket.
+CONNECTION_KEYS = (
+    "security.",
+    "sasl.",
+    "ssl.",
+    "ssl_",
+    "enable.ssl.",
+    "enable.sasl.",
+    "https.",
+    "client.",
+    "socket.",
+    "broker.address.",
+)
+
+
 def admin_config(settings: Settings) -> dict[str, Any]:
     """Connection and security settings only: producer tuning keys mean nothing to an admin client."""
     conf: dict[str, Any] = {"bootstrap.servers": settings.kafka.bootstrap_servers}
     for key, value in settings.kafka.extra.items():
-        if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.")):
+        if key.startswith(CONNECTION_KEYS):
             conf[key] = value
     return conf
 

@@ -30,6 +30,13 @@ def test_bad_durations_name_the_option(text):
         parse_duration(text)
 
 
+@pytest.mark.parametrize("text", ["1x", "0s"])
+def test_a_bad_duration_names_the_option_it_was_given_for(text):
+    with pytest.raises(ConfigError, match="--margin") as caught:
+        parse_duration(text, "--margin")
+    assert "--older-than" not in str(caught.value) and caught.value.key == "margin"
+
+
 def test_prune_without_a_creation_time_column_explains_the_alternatives():
     settings = load_settings(
         config_file=None,

@@ -32,6 +32,8 @@ def test_admin_client_gets_connection_and_security_keys_only():
                 "kafka.sasl.mechanism": "PLAIN",
                 "kafka.sasl.username": "u",
                 "kafka.sasl.password": "p",
+                "kafka.enable.ssl.certificate.verification": "false",
+                "kafka.ssl.ca.location": "/etc/ca.pem",
                 "kafka.linger.ms": "9",
             }
         )
@@ -42,6 +44,8 @@ def test_admin_client_gets_connection_and_security_keys_only():
         "sasl.mechanism": "PLAIN",
         "sasl.username": "u",
         "sasl.password": "p",
+        "enable.ssl.certificate.verification": "false",
+        "ssl.ca.location": "/etc/ca.pem",
     }
 
 

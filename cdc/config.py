@@ -82,6 +82,12 @@ _OWNED = {
 }
 # delivery_timeout becomes librdkafka's message.timeout.ms, whose 0 means "never": a value that rounds to it
 # would turn a broker outage into a wait without end.
+# Exactly-once: librdkafka's transaction.timeout.ms unless kafka.transaction.timeout.ms says otherwise. A
+# transaction may hold a source transaction of a million rows, through a broker restart: librdkafka's 60 s
+# default would abort it, and every replay of it, under load. The broker's transaction.max.timeout.ms (15
+# minutes by default) must not be lower.
+TRANSACTION_TIMEOUT_MS = 300_000
+
 _MIN_SECONDS = {
     "delivery_timeout": 1.0,
     "source_silence_timeout": 3.0,  # a third of it is when a reply is asked for: above the read loop's wait

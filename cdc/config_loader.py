@@ -30,6 +30,7 @@ from cdc.config import (
     _TOPIC,
     PRESETS,
     REDACTED,
+    TRANSACTION_TIMEOUT_MS,
     ColumnMap,
     KafkaSettings,
     Settings,
@@ -292,6 +293,8 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
             )
     if not _TOPIC.fullmatch(s.topic_template.format(aggregate_type="a", event_type="e")):
         raise _fail("topic_template", where("topic_template"), "a Kafka topic name pattern", s.topic_template)
+    if s.delivery == "exactly-once":
+        _check_transaction_timeout(s)
     if s.backoff_max < s.backoff_initial:
         raise _fail("backoff_max", where("backoff_max"), "at least backoff_initial", s.backoff_max)
     registry = s.schema_registry_url
@@ -304,4 +307,25 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
     if registry is not None and not re.match(r"https?://[^/]", registry):
         raise _fail(
             "schema_registry_url", where("schema_registry_url"), "an http(s):// URL", redact_dsn(registry)
+        )
+
+
+def _check_transaction_timeout(s: Settings) -> None:
+    """Exactly-once: Kafka aborts a transaction open longer than transaction.timeout.ms. One is open for up to
+    transaction_max_seconds, and its commit is retried for up to delivery_timeout; and librdkafka refuses a
+    message timeout (delivery_timeout) longer than the transaction timeout."""
+    raw = s.kafka.extra.get("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
+    try:
+        limit = int(raw)
+    except (TypeError, ValueError):
+        return  # librdkafka's own check names it
+    needed = s.transaction_max_seconds + s.delivery_timeout
+    if needed * 1000 > limit:
+        raise ConfigError(
+            f"with delivery = 'exactly-once', transaction_max_seconds ({s.transaction_max_seconds:g} s) plus "
+            f"delivery_timeout ({s.delivery_timeout:g} s) must fit in kafka.transaction.timeout.ms ({limit} ms): "
+            "a transaction open longer is aborted by Kafka, and librdkafka refuses a delivery timeout above "
+            "it. Lower delivery_timeout or transaction_max_seconds, or raise kafka.transaction.timeout.ms "
+            "(up to the brokers' transaction.max.timeout.ms, 15 minutes by default)",
+            key="delivery_timeout",
         )

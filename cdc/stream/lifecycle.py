@@ -411,7 +411,7 @@ class Lifecycle(Delivery):
             try:
                 self.sink.begin_transaction()
             except KafkaException as exc:
-                self._abort_kafka(classify(exc, "begin", self.sink.transactional_id or ""))
+                self._abort_kafka(self._classify(exc, "begin"))
             self.ktx.begun(time.monotonic())
 
     def _commit_kafka(self) -> None:
@@ -439,13 +439,23 @@ class Lifecycle(Delivery):
                 if retry and time.monotonic() < deadline:
                     self._keep_alive()
                     continue
-                self._abort_kafka(classify(exc, "commit", self.sink.transactional_id or ""))
+                self._abort_kafka(self._classify(exc, "commit"))
         ktx.open = False
         self.sink.poll(0)  # the delivery reports of what was committed: the watermark moves
         self.kafka_commits += 1
         if checkpoint is not None:
             self.checkpoint = checkpoint
         self._kafka_safe_lsn = max(self._kafka_safe_lsn, ktx.last_end_lsn)
+
+    def _classify(self, exc: KafkaException, what: str) -> DeliveryError:
+        ktx = self.ktx
+        return classify(
+            exc,
+            what,
+            self.sink.transactional_id or "",
+            open_for=time.monotonic() - ktx.started if ktx.open else None,
+            timeout_ms=self.sink.transaction_timeout_ms,
+        )
 
     def _drop_kafka_transaction(self) -> None:
         """Forget the open Kafka transaction (aborted, or lost with its producer): its records are
@@ -468,7 +478,7 @@ class Lifecycle(Delivery):
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() in FENCED:
-                raise classify(exc, "abort", self.sink.transactional_id or "") from exc
+                raise self._classify(exc, "abort") from exc
             log.warning("could not abort the Kafka transaction (%s): a new producer replaces it", exc)
             self.sink.reset()
         raise reason

@@ -25,7 +25,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from cdc.config import Settings
+from cdc.config import TRANSACTION_TIMEOUT_MS, Settings
 from cdc.errors import (
     BrokerUnreachableError,
     CdcError,
@@ -61,9 +61,6 @@ FIXED_PRODUCER_CONFIG: dict[str, Any] = {
 # Below this many bytes a topic's max.message.bytes may refuse what the producer sends: its records are
 # checked before they are produced, and the producer's batches are made to fit it.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
-# Exactly-once: librdkafka's transaction.timeout.ms unless kafka.transaction.timeout.ms says otherwise; the
-# broker's transaction.max.timeout.ms (15 minutes by default) must not be lower.
-TRANSACTION_TIMEOUT_MS = 300_000
 # Seconds a topic just created may stay unknown to DescribeConfigs while its metadata propagates.
 TOPIC_PROPAGATION = 10.0
 
@@ -125,8 +122,6 @@ class KafkaSink:
         # Exactly-once: set by become_transactional() once the server's identity is known.
         self.transactional_id: str | None = None
         if settings.delivery == "exactly-once":
-            # A transaction may hold a source transaction of a million rows, through a broker restart:
-            # librdkafka's 60 s default would abort it, and every replay of it, under load.
             self._conf.setdefault("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
         # What one record or one batch may take on the wire; a topic that takes less gets checked records.
         self.message_max_bytes = int(self._conf.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
@@ -176,6 +171,14 @@ class KafkaSink:
             self.init_transactions(self._settings.startup_timeout)
 
     # -- exactly-once: the transactional producer (cdc.stream.transactions) --------------------------------
+
+    @property
+    def transaction_timeout_ms(self) -> int | None:
+        """librdkafka's transaction.timeout.ms for this producer (None when it is not a number)."""
+        try:
+            return int(self._conf.get("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS))
+        except (TypeError, ValueError):
+            return None
 
     def become_transactional(self, transactional_id: str) -> None:
         """Produce from now on with ``transactional_id`` (derived from the server's identity, which is known

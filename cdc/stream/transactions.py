@@ -211,11 +211,29 @@ class KafkaTransaction:
         return self.open and (self.events >= self.max_events or now - self.started >= self.max_age)
 
 
-def classify(exc: KafkaException, what: str, txn_id: str) -> DeliveryError:
-    """A transactional call's failure: fenced (the run ends), or an abort and a restart from the slot."""
+def classify(
+    exc: KafkaException,
+    what: str,
+    txn_id: str,
+    *,
+    open_for: float | None = None,
+    timeout_ms: int | None = None,
+) -> DeliveryError:
+    """A transactional call's failure: fenced (the run ends), or an abort and a restart from the slot.
+
+    Kafka says "fenced" in two cases: another process registered the transactional id, or the coordinator
+    aborted this one's transaction for being open longer than transaction.timeout.ms (it bumps the epoch).
+    ``open_for`` (seconds the transaction was open) and ``timeout_ms`` tell which the message names."""
     err = exc.args[0] if exc.args else None
     text = err.str() if isinstance(err, KafkaError) else str(exc)
     if isinstance(err, KafkaError) and err.code() in FENCED:
+        if open_for is not None and timeout_ms is not None and open_for * 1000 >= timeout_ms:
+            return ProducerFencedError(
+                f"the Kafka transaction was open for {open_for:.0f} s, past kafka.transaction.timeout.ms "
+                f"({timeout_ms} ms), and Kafka aborted it ({text}); this producer can commit nothing more, "
+                "so the run stops and a restart begins again from the checkpoint. A source transaction too "
+                "large to publish within it needs a larger kafka.transaction.timeout.ms"
+            )
         return ProducerFencedError(
             f"the Kafka producer was fenced ({text}): another process started with transactional id "
             f"{txn_id!r}, so this one stops; a slot admits one pipeline"

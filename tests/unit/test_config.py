@@ -570,3 +570,22 @@ def test_an_allow_list_of_aggregate_types_from_toml_or_environment(tmp_path: Pat
     err = rejected(tmp_path, toml="aggregate_types = [1]")
     assert err.key == "aggregate_types"
     assert rejected(tmp_path, toml="aggregate_types = []").key == "aggregate_types"
+
+
+def test_exactly_once_refuses_timeouts_past_the_kafka_transaction_timeout():
+    env = {"CDC_DATABASE_URL": "postgresql://u@h/db", "CDC_DELIVERY": "exactly-once"}
+    with pytest.raises(ConfigError, match=r"kafka\.transaction\.timeout\.ms \(300000 ms\)") as caught:
+        load_settings(config_file=None, environ={**env, "CDC_DELIVERY_TIMEOUT": "400"}, overrides={})
+    assert caught.value.key == "delivery_timeout" and caught.value.exit_code == 2
+    # room made for it: accepted
+    load_settings(
+        config_file=None,
+        environ={**env, "CDC_DELIVERY_TIMEOUT": "400", "CDC_KAFKA_TRANSACTION_TIMEOUT_MS": "600000"},
+        overrides={},
+    )
+    # at-least-once has no transactions to time out
+    load_settings(
+        config_file=None,
+        environ={**env, "CDC_DELIVERY": "at-least-once", "CDC_DELIVERY_TIMEOUT": "400"},
+        overrides={},
+    )

@@ -61,3 +61,13 @@ def test_fencing_ends_the_run_and_other_failures_abort_and_restart():
     )
     timed_out = classify(KafkaException(KafkaError(KafkaError._TIMED_OUT)), "commit", "t")
     assert isinstance(timed_out, TransactionAbortedError) and not isinstance(timed_out, ProducerFencedError)
+
+
+def test_fencing_by_a_transaction_timeout_says_so_and_not_another_process():
+    fenced = KafkaException(KafkaError(KafkaError.INVALID_PRODUCER_EPOCH))
+    timed_out = classify(fenced, "commit", "outbox-cdc.x.y", open_for=310.0, timeout_ms=300_000)
+    assert isinstance(timed_out, ProducerFencedError)
+    assert "open for 310 s, past kafka.transaction.timeout.ms (300000 ms)" in str(timed_out)
+    assert "another process" not in str(timed_out)
+    other = classify(fenced, "commit", "outbox-cdc.x.y", open_for=2.0, timeout_ms=300_000)
+    assert "another process started with transactional id 'outbox-cdc.x.y'" in str(other)

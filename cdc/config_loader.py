@@ -322,8 +322,9 @@ def _check_transaction_timeout(s: Settings) -> None:
     needed = s.transaction_max_seconds + s.delivery_timeout
     if needed * 1000 > limit:
         raise ConfigError(
-            f"with delivery = 'exactly-once', transaction_max_seconds ({s.transaction_max_seconds:g} s) plus "
-            f"delivery_timeout ({s.delivery_timeout:g} s) must fit in kafka.transaction.timeout.ms ({limit} ms): "
+            f"with delivery = 'exactly-once', transaction_max_seconds ({s.transaction_max_seconds:g} s) "
+            f"plus delivery_timeout ({s.delivery_timeout:g} s) must fit in kafka.transaction.timeout.ms "
+            f"({limit} ms): "
             "a transaction open longer is aborted by Kafka, and librdkafka refuses a delivery timeout above "
             "it. Lower delivery_timeout or transaction_max_seconds, or raise kafka.transaction.timeout.ms "
             "(up to the brokers' transaction.max.timeout.ms, 15 minutes by default)",

@@ -88,8 +88,8 @@ def producer_config(settings: Settings) -> dict[str, Any]:
 
 
 # The librdkafka keys of how to reach and trust the brokers, which every client of the pipeline takes (the
-# admin client, the checkpoint reader, the dead-letter tools), not only the producer: TLS, SASL and OAUTHBEARER
-# (among them enable.ssl.certificate.verification and enable.sasl.oauthbearer.unsecure.jwt), the socket.
+# admin client, the checkpoint reader, the dead-letter tools), not only the producer: TLS, SASL and
+# OAUTHBEARER (enable.ssl.certificate.verification, enable.sasl.oauthbearer.unsecure.jwt too), the socket.
 CONNECTION_KEYS = (
     "security.",
     "sasl.",

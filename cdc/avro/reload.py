@@ -13,8 +13,9 @@ reads the directory only when it re-reads it as a whole:
 - SIGHUP re-reads it at once (``kill -HUP``, after a deploy that only added schemas).
 
 A re-read is used only when the whole directory passes ``cdc schemas check`` (the same function, under
-``schema_compatibility``) and still holds every loaded version unchanged: a published version never changes
-(``schemas/README.md``), and the routes the pipeline cached keep encoding with it. Otherwise the re-read is
+``schema_compatibility``) and still holds every loaded version unchanged, its whole JSON but for white space
+and the order of keys (a default, a logical type or a decimal's scale are not in the fingerprint, yet change
+what the bytes mean): a published version never changes (``schemas/README.md``), and the routes the pipeline cached keep encoding with it. Otherwise the re-read is
 logged with its problems and the loaded snapshot stays in use; a broken file never stops the stream.
 
 Known schemas never see any of this: the pipeline's routes hold compiled encoders, and a miss is a lookup in
@@ -30,7 +31,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+
+import orjson
 
 from cdc.avro.catalog import check_schemas
 from cdc.avro.encoder import AvroEncoder
@@ -74,6 +77,9 @@ class Snapshot:
     store: SealedStore
     encoder: AvroEncoder
     fingerprints: dict[Key, bytes]
+    # Each version's whole schema as parsed JSON: what must not change (a default, a decimal's scale, a
+    # logical type change the bytes under the same Parsing Canonical Form, and so the same fingerprint).
+    schemas: dict[Key, Any]
 
 
 def load(
@@ -95,21 +101,22 @@ def load(
     if problems:
         return problems
     fingerprints = {key: store.get(*key).fingerprint for key in keys}
-    for (event_type, version), fp in (loaded.fingerprints if loaded else {}).items():
-        now = fingerprints.get((event_type, version))
+    schemas = {key: orjson.loads(store.get(*key).text) for key in keys}
+    for (event_type, version), schema in (loaded.schemas if loaded else {}).items():
+        now = schemas.get((event_type, version))
         if now is None:
             problems.append(
                 f"{event_type} v{version} is in use and its file is gone: restart to drop a schema"
             )
-        elif now != fp:
+        elif now != schema:
             problems.append(
-                f"{event_type} v{version} changed since it was loaded (fingerprint {fp.hex()}, now "
-                f"{now.hex()}): a published version never changes, write a new version instead"
+                f"{event_type} v{version} changed since it was loaded (its JSON differs beyond white space "
+                "and the order of keys): a published version never changes, write a new version instead"
             )
     if problems:
         return problems
     store.sealed = frozenset(keys)
-    return Snapshot(store, encoder, fingerprints)
+    return Snapshot(store, encoder, fingerprints, schemas)
 
 
 class SchemaSet:

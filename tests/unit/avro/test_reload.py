@@ -141,3 +141,42 @@ def payload(**extra: object) -> dict[str, object]:
         "items": [],
         **extra,
     }
+
+
+DECIMAL = {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}
+
+
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        pytest.param("amount_cents", {"default": 0}, id="a default"),
+        pytest.param(
+            "amount_cents", {"type": {"type": "long", "logicalType": "timestamp-millis"}}, id="logical"
+        ),
+        pytest.param("discount", {"type": {**DECIMAL, "scale": 3}}, id="decimal scale"),
+    ],
+)
+def test_an_edit_the_fingerprint_does_not_see_is_refused_too(schemas: Path, caplog, field, change):
+    """A default, a logical type, a decimal's scale: not in the Parsing Canonical Form, so not in the
+    fingerprint, yet what the bytes mean (12.34 read back as 1.234). Each is a change to a published
+    version, refused like any other."""
+    path = schemas / "OrderPlaced" / "v2.avsc"
+    schema = json.loads(path.read_text())
+    schema["fields"].append({"name": "discount", "type": DECIMAL})
+    path.write_text(json.dumps(schema))
+    loaded = SchemaSet(schemas, "NONE")
+    next(f for f in schema["fields"] if f["name"] == field).update(change)
+    path.write_text(json.dumps(schema))
+    v3(schemas, COMPATIBLE_V3)
+    assert loaded.reload("SIGHUP") is False
+    assert "OrderPlaced v2 changed since it was loaded" in caplog.text
+
+
+def test_white_space_and_key_order_are_no_change(schemas: Path, caplog):
+    loaded = SchemaSet(schemas, "BACKWARD")
+    path = schemas / "OrderPlaced" / "v2.avsc"
+    schema = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(reversed(list(schema.items()))), indent=7))
+    v3(schemas, COMPATIBLE_V3)
+    assert loaded.reload("SIGHUP") is True
+    assert "changed since it was loaded" not in caplog.text

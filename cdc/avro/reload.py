@@ -16,7 +16,8 @@ A re-read is used only when the whole directory passes ``cdc schemas check`` (th
 ``schema_compatibility``) and still holds every loaded version unchanged, its whole JSON but for white space
 and the order of keys (a default, a logical type or a decimal's scale are not in the fingerprint, yet change
 what the bytes mean): a published version never changes (``schemas/README.md``), and the routes the
-pipeline cached keep encoding with it. Otherwise the re-read is logged with its problems and the loaded snapshot stays in use; a broken file never stops the stream.
+pipeline cached keep encoding with it. Otherwise the re-read is logged with its problems and the loaded
+snapshot stays in use; a broken file never stops the stream.
 
 Known schemas never see any of this: the pipeline's routes hold compiled encoders, and a miss is a lookup in
 a frozen set.

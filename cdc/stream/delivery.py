@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from datetime import UTC, datetime
 from typing import Any
 
 from cdc.errors import (
@@ -48,21 +49,23 @@ class Delivery(Waits):
         value: bytes | None,
         headers: Headers,
         on_delivery: DeliveryCallback,
+        timestamp_ms: int | None = None,
     ) -> None:
         """Produce one record; alone (the queue empty before and after) when Kafka refused it before, so
-        that what Kafka says is about this record only."""
+        that what Kafka says is about this record only. Its timestamp: the commit's, unless given."""
         refusals = self.refusals
+        ts = self._txn_ts_ms if timestamp_ms is None else timestamp_ms
         digest = record_digest(topic, key, value) if refusals.active else None
         try:
             if digest is not None and refusals.must_go_alone(digest):
                 self._wait_empty()
                 self._alone = digest
-                self.sink.produce(topic, key, value, headers, self._txn_ts_ms, on_delivery, self._keep_alive)
+                self.sink.produce(topic, key, value, headers, ts, on_delivery, self._keep_alive)
                 self._wait_empty()
                 self._alone = None
                 refusals.cleared(digest)
                 return
-            self.sink.produce(topic, key, value, headers, self._txn_ts_ms, on_delivery, self._keep_alive)
+            self.sink.produce(topic, key, value, headers, ts, on_delivery, self._keep_alive)
         except ProducerStoppedError:
             self._delivery_failed()
 
@@ -130,6 +133,7 @@ class Delivery(Waits):
             ("original_topic", original_topic.encode()),
             ("commit_lsn", self._txn_lsn),
             ("xid", self._txn_xid),
+            ("commit_time", _iso_ms(self._txn_ts_ms)),
             ("id", event_id.encode()),
             *self._extra_headers,
         ]
@@ -140,7 +144,10 @@ class Delivery(Waits):
         """The dead-letter record: ``headers`` (ours: reason, id, types), then the event's own. When even
         that is too large (a huge key or row headers), a reduced record goes instead, one that always fits:
         the key cut short, no value, no row headers, every header value cut short, and a note of what is
-        missing. Counted once handed over."""
+        missing. Counted once handed over. Its Kafka timestamp is now, not the commit's (which is in the
+        `commit_time` header): a topic that refuses old timestamps (message.timestamp.before.max.ms) refused
+        the event for its commit time, and must not refuse its dead letter for the same reason."""
+        now_ms = time.time_ns() // 1_000_000
         txn = self._txn
         if txn is None:
             raise CdcError("a dead-letter event arrived outside a transaction", lsn=self._received)
@@ -154,7 +161,7 @@ class Delivery(Waits):
             limit = self.sink.record_limit(topic)
             if (limit is not None or self.refusals.active) and self._refusal(topic, key, value, full, limit):
                 raise EventTooLargeError("the dead letter does not fit the dead-letter topic")
-            self._send(topic, key, value, full, on_delivery)
+            self._send(topic, key, value, full, on_delivery, now_ms)
         except EventTooLargeError:
             reduced: Headers = [(k, v[:REDUCED_HEADER_BYTES] if v else v) for k, v in headers]
             reduced.append((REDUCED_HEADER, REDUCED_NOTE))
@@ -166,7 +173,7 @@ class Delivery(Waits):
                     f"the dead-letter topic {topic} refuses even a reduced dead letter: check its settings",
                     lsn=self._received,
                 ) from None
-            self._send(topic, short_key, None, reduced, on_delivery)
+            self._send(topic, short_key, None, reduced, on_delivery, now_ms)
         txn.sent()
         self.dead_lettered_by_reason[reason] += 1
         if self._dead_letter_times is not None:
@@ -193,6 +200,11 @@ class Delivery(Waits):
             now - times[0],
             self._txn_xid.decode(),
         )
+
+
+def _iso_ms(epoch_ms: int) -> bytes:
+    """A commit time (ms since the Unix epoch) as ISO-8601 UTC, for the dead letter's `commit_time`."""
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC).isoformat(timespec="milliseconds").encode()
 
 
 def _traced(delivered: DeliveryCallback, event_id: str | bytes | None) -> DeliveryCallback:

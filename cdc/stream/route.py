@@ -287,7 +287,7 @@ def parse_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
 # every later event that carries it.
 SYSTEM_HEADERS = frozenset(
     {"id", "event_type", "schema_version", "aggregate_type", "commit_lsn", "xid"}
-    | {"error_class", "error_reason", "error_message", "original_topic"}
+    | {"error_class", "error_reason", "error_message", "original_topic", "commit_time"}
 )
 ROW_HEADER_PREFIX = "row_"
 

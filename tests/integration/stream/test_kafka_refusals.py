@@ -163,3 +163,31 @@ def test_a_record_the_broker_refuses_even_alone_is_dead_lettered_with_its_reason
     wait_until(lambda: outbox.confirmed_lsn() >= fresh.lsn_after, 60, "the slot confirmed past the last row")
     assert proc.alive(), proc.tail()
     assert proc.terminate() == 0
+
+
+def test_a_dead_letter_takes_the_time_it_is_written_so_a_topic_refusing_old_records_takes_it(
+    outbox: Outbox, pipeline_process, consume, kafka_admin
+):
+    """The dead-letter topic refuses old records too (as a broker-wide default would): the dead letter of an
+    event refused for its commit time must not be refused for the same time, or the pipeline stops and
+    stops again at every restart, pinning the slot."""
+    topic = outbox.topic("order")
+    create_topic(kafka_admin, topic, **{"message.timestamp.before.max.ms": "3000"})
+    create_topic(kafka_admin, outbox.dlq_topic, **{"message.timestamp.before.max.ms": "3000"})
+    old = outbox.commit([outbox.event("k1")])
+    time.sleep(4)
+    started_ms = time.time() * 1000
+    proc = pipeline_process()
+    proc.wait_streaming()
+
+    dead = consume(outbox.dlq_topic, 1, timeout=60)
+    assert [(r.headers["id"].decode(), r.headers["error_reason"]) for r in dead] == [
+        (old.events[0].id, b"refused_by_kafka")
+    ]
+    assert dead[0].timestamp_ms >= started_ms - 1000, "the dead letter is timestamped when it was written"
+    commit_time = dead[0].headers["commit_time"].decode()
+    assert commit_time.endswith("+00:00") and commit_time[:4] == time.strftime("%Y")
+    fresh = outbox.commit([outbox.event("k1")])
+    wait_until(lambda: outbox.confirmed_lsn() >= fresh.lsn_after, 60, "the slot confirmed past the last row")
+    assert proc.alive(), proc.tail()
+    assert proc.terminate() == 0

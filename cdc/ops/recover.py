@@ -11,15 +11,25 @@ still in the table, unless it was pruned. Recover:
 3. drops the invalidated slot, and creates the new one on a replication connection with ``EXPORT_SNAPSHOT``:
    the snapshot holds exactly the transactions committed before the slot's consistent point, and the slot
    streams every one committed after it, so the two meet without a gap;
-4. in that snapshot, republishes the rows created since the start point through the pipeline's own code
+4. in that snapshot, republishes the rows committed since the start point through the pipeline's own code
    (:mod:`cdc.ops.republish`), and waits until Kafka acknowledged each of them;
 5. clears the mark. On any failure before that, the new slot is dropped again.
 
 The start point is the commit time of the last outbox transaction Kafka acknowledged, which `cdc run` saves
-(:mod:`cdc.stream.progress`), minus a margin: ``created_at`` is written by ``now()`` when the transaction
-*starts* (or by the application's clock), so a row committed after the saved time can carry an earlier
-``created_at``, by as long as its transaction ran, plus any skew of the application's clock. The margin must
-cover the longest transaction that writes the outbox; what it adds is duplicates, which consumers drop.
+(:mod:`cdc.stream.progress`), or where `cdc setup` created the slot when it acknowledged nothing, minus a
+margin. Rows are chosen by their inserting transaction's commit timestamp (``track_commit_timestamp = on``,
+which `cdc setup` asks for): the server's clock at commit, the same the saved time comes from, whatever the
+transaction's length or the application's clock. The margin only covers commit timestamps that are not in
+commit order (each is taken just before its commit record is written) and steps of the server's clock; what
+it adds is duplicates, which consumers drop. Without commit timestamps, rows can only be chosen by
+``created_at``, which misses a transaction longer than the margin or a writer whose clock is slow by more:
+recover says so and refuses unless ``--accept-gap``.
+
+"Pruned" is said only when it is known: `cdc outbox prune` notes in ``cdc_checkpoint.pruned_until`` the
+newest commit (or creation) time of a row it deleted, and recover refuses, unless ``--accept-gap``, when
+that is at or after the start point (checked again inside the new slot's snapshot). A table younger than the
+start point, with nothing pruned, recovers as it is. Deletes by other means (``DELETE``, ``TRUNCATE``, a
+dropped partition that `cdc outbox prune` did not drop) leave no mark.
 """
 
 from __future__ import annotations
@@ -42,10 +52,11 @@ from cdc.errors import (
     format_lsn,
     parse_lsn,
 )
-from cdc.ops.republish import Progress, RepublishResult, RowFilter, republish
+from cdc.ops.republish import Progress, RepublishResult, RowFilter, count_rows, republish
+from cdc.ops.status import forget_slot_checkpoint
 from cdc.pg import connect
 from cdc.stream.progress import SavedPosition, checkpoint_table, read_position
-from cdc.stream.source import check_wal_level, quote_ident
+from cdc.stream.source import check_wal_level, quote_ident, slot_identity
 
 __all__ = ["DEFAULT_MARGIN", "Plan", "plan", "recover"]
 
@@ -62,8 +73,13 @@ class Plan:
     state: str  # "missing", "invalidated" or "unfinished" (a recover that did not finish)
     saved: SavedPosition | None
     since: datetime
-    oldest_row: datetime | None
-    rows: int  # outbox rows created since `since`
+    by_commit: bool  # rows chosen by their commit timestamp (track_commit_timestamp), else by created_at
+    accept_gap: bool
+    rows: int  # outbox rows chosen
+
+    @property
+    def rows_filter(self) -> RowFilter:
+        return RowFilter(committed_since=self.since) if self.by_commit else RowFilter(since=self.since)
 
     def describe(self) -> str:
         lines = [f"slot {self.slot}: {self.state}"]
@@ -72,7 +88,10 @@ class Plan:
                 f"last saved position: LSN {format_lsn(self.saved.confirmed_lsn)}, last acknowledged outbox "
                 f"transaction committed {_iso(self.saved.commit_time)}"
             )
-        lines.append(f"republish {self.rows} outbox rows created since {_iso(self.since)}")
+        elif self.saved is not None and self.saved.slot_created_at is not None:
+            lines.append(f"the slot acknowledged nothing; it was created {_iso(self.saved.slot_created_at)}")
+        how = "committed" if self.by_commit else "created (track_commit_timestamp is off)"
+        lines.append(f"republish {self.rows} outbox rows {how} since {_iso(self.since)}")
         return "\n".join(lines)
 
 
@@ -95,15 +114,25 @@ def plan(
     accept_gap: bool = False,
 ) -> Plan:
     """Look, change nothing: refuse with the reason, or say what recover would do."""
-    created_at = settings.columns.created_at
-    if created_at is None:
-        raise ConfigError(
-            "recover chooses rows by creation time: set columns.created_at (the debezium preset has none); "
-            "without it, republish by id or type with `cdc outbox republish`",
-            key="columns.created_at",
-        )
-    with connect(settings.database_url) as conn:
+    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
         check_wal_level(conn)
+        by_commit = _tracks_commit_times(conn)
+        if not by_commit and settings.columns.created_at is None:
+            raise ConfigError(
+                "recover chooses rows by commit time, and track_commit_timestamp is off: turn it on "
+                "(ALTER SYSTEM SET track_commit_timestamp = on; then restart PostgreSQL), or set "
+                "columns.created_at to choose by creation time; or republish by id or type with "
+                "`cdc outbox republish`",
+                key="columns.created_at",
+            )
+        if not by_commit and not accept_gap:
+            raise RecoveryRefusedError(
+                "track_commit_timestamp is off, so recover can choose rows only by created_at, and cannot "
+                "prove it finds a transaction that ran longer than --margin or a writer whose clock is "
+                "slow by more: those rows would be missed. Turn it on (ALTER SYSTEM SET "
+                "track_commit_timestamp = on; then restart PostgreSQL: rows committed after that are chosen "
+                "by their commit), or re-run with --accept-gap to choose by created_at"
+            )
         saved = read_position(conn, settings)
         state = _slot_state(conn, settings, saved)
         if since is None:
@@ -115,33 +144,36 @@ def plan(
                     "republish from with --since"
                 )
             since = start - margin
-        table = sql.Identifier(settings.table.schema, settings.table.name)
-        created = sql.Identifier(created_at)
-        oldest, rows = _fetch(
-            conn,
-            sql.SQL("SELECT min({c}), count(*) FILTER (WHERE {c} >= %s) FROM {t}").format(c=created, t=table),
-            (since,),
-        )
+        chosen = RowFilter(committed_since=since) if by_commit else RowFilter(since=since)
+        rows = count_rows(conn, settings, chosen).rows
     if not accept_gap:
-        if oldest is None:
-            raise RecoveryRefusedError(
-                f"the outbox table {settings.table} is empty: recover cannot tell whether rows created "
-                f"since {_iso(since)} were pruned. If none were (or none matter), re-run with --accept-gap"
-            )
-        if oldest > since:
-            raise RecoveryRefusedError(
-                f"the outbox table {settings.table} was pruned past the start point: its oldest row was "
-                f"created {_iso(oldest)}, after {_iso(since)}, so rows the lost slot may not have delivered "
-                "can be gone. Republish them from elsewhere, or re-run with --accept-gap to republish what "
-                "is left"
-            )
-    return Plan(slot=settings.slot, state=state, saved=saved, since=since, oldest_row=oldest, rows=int(rows))
+        check_not_pruned(saved, since, settings)
+    return Plan(
+        slot=settings.slot,
+        state=state,
+        saved=saved,
+        since=since,
+        by_commit=by_commit,
+        accept_gap=accept_gap,
+        rows=rows,
+    )
 
 
-def _fetch(conn: psycopg.Connection[Any], query: sql.Composed, params: tuple[Any, ...]) -> tuple[Any, ...]:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return tuple(row)
+def check_not_pruned(saved: SavedPosition | None, since: datetime, settings: Settings) -> None:
+    """Refuse when `cdc outbox prune` deleted rows committed at or after the start point: some of them the
+    lost slot may not have delivered. Deletes by other means (DELETE, TRUNCATE) leave no mark."""
+    pruned = None if saved is None else saved.pruned_until
+    if pruned is not None and pruned >= since:
+        raise RecoveryRefusedError(
+            f"`cdc outbox prune` deleted outbox rows of {settings.table} up to {_iso(pruned)}, after the "
+            f"start point {_iso(since)}: rows the lost slot may not have delivered can be gone. Republish "
+            "them from elsewhere, or re-run with --accept-gap to republish what is left"
+        )
+
+
+def _tracks_commit_times(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
+    return bool(row and row[0])
 
 
 def _slot_state(conn: psycopg.Connection[Any], settings: Settings, saved: SavedPosition | None) -> str:
@@ -185,6 +217,8 @@ def recover(
             major = conn.info.server_version // 10000
             raise RecoveryRefusedError(f"failover slots need PostgreSQL 17 or later; this server is {major}")
         _ensure_table(conn, s)
+        if s.delivery == "exactly-once":  # the lost slot's checkpoint: never to be read again
+            log.info("%s", forget_slot_checkpoint(s, slot_identity(s).key))
         _mark(conn, s, recovering=True)
         if chosen.state != "missing":
             _drop_slot(conn, s.slot)
@@ -203,9 +237,11 @@ def recover(
         with connect(s.database_url) as reader:
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+            if not chosen.accept_gap:  # a prune since the plan was made: seen in the snapshot
+                check_not_pruned(read_position(reader, s), chosen.since, s)
             result = republish(
                 s,
-                RowFilter(since=chosen.since),
+                chosen.rows_filter,
                 mark=mark or f"recover {_iso(datetime.now(UTC))}",
                 progress=progress,
                 conn=reader,
@@ -236,16 +272,18 @@ def _mark(
     if recovering:
         conn.execute(
             f"INSERT INTO {table} AS c (slot, confirmed_lsn, commit_time, updated_at, recovering_since)"
-            " VALUES (%s, '0/0', 'epoch', now(), now())"
+            " VALUES (%s, NULL, NULL, now(), now())"
             " ON CONFLICT (slot) DO UPDATE SET recovering_since = now()",
             (settings.slot,),
         )
         return
-    # The commit time stays: a slot lost again before the pipeline saved a newer one starts from there.
+    # The commit time stays: a slot lost again before the pipeline saved a newer one starts from there. The
+    # new slot's identity (cdc.stream.identity) is where it was created.
     conn.execute(
         f"UPDATE {table} SET recovering_since = NULL, updated_at = now(),"
-        " confirmed_lsn = greatest(confirmed_lsn, %s::pg_lsn) WHERE slot = %s",
-        (format_lsn(confirmed_lsn or 0), settings.slot),
+        " confirmed_lsn = greatest(confirmed_lsn, %s::pg_lsn),"
+        " slot_created_lsn = %s::pg_lsn, slot_created_at = now() WHERE slot = %s",
+        (format_lsn(confirmed_lsn or 0), format_lsn(confirmed_lsn or 0), settings.slot),
     )
 
 

@@ -53,8 +53,11 @@ Progress = Callable[[int], None]  # called with the number of rows Kafka acknowl
 @dataclass(frozen=True, kw_only=True)
 class RowFilter:
     """Which rows: created in [since, until), of these aggregate types, event types and ids (each optional;
-    several values of one kind are alternatives)."""
+    several values of one kind are alternatives); and, for `cdc recover`, committed since ``committed_since``
+    by their inserting transaction's commit timestamp (``track_commit_timestamp``; a row without one, from
+    before the setting was on or frozen long ago, by its creation time, or chosen when there is none)."""
 
+    committed_since: datetime | None = None
     since: datetime | None = None
     until: datetime | None = None
     aggregate_types: tuple[str, ...] = ()
@@ -63,7 +66,14 @@ class RowFilter:
 
     @property
     def empty(self) -> bool:
-        return not (self.since or self.until or self.aggregate_types or self.event_types or self.ids)
+        return not (
+            self.committed_since
+            or self.since
+            or self.until
+            or self.aggregate_types
+            or self.event_types
+            or self.ids
+        )
 
 
 @dataclass
@@ -79,6 +89,13 @@ def _where(settings: Settings, rows: RowFilter) -> tuple[sql.Composable, list[An
     cols = settings.columns
     conditions: list[sql.Composable] = []
     params: list[Any] = []
+    if rows.committed_since is not None:
+        if cols.created_at is None:
+            fallback: sql.Composable = sql.SQL("true")
+        else:
+            fallback = sql.SQL("{} >= %s").format(sql.Identifier(cols.created_at))
+        conditions.append(sql.SQL("coalesce(pg_xact_commit_timestamp(xmin) >= %s, {})").format(fallback))
+        params += [rows.committed_since] * (1 if cols.created_at is None else 2)
     if rows.since is not None or rows.until is not None:
         if cols.created_at is None:
             raise ConfigError(

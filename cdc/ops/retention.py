@@ -19,6 +19,7 @@ from psycopg import sql
 from cdc.config import Settings
 from cdc.errors import ConfigError
 from cdc.pg import DELETE_LOCKED, connect
+from cdc.stream.progress import checkpoint_table
 
 log = logging.getLogger("cdc.retention")
 
@@ -56,15 +57,11 @@ def prune(settings: Settings, older_than: timedelta, *, batch_size: int = 10_000
     if batch_size < 1:
         raise ConfigError("--batch-size must be at least 1", key="batch_size")
     table = sql.Identifier(settings.table.schema, settings.table.name)
-    statement = sql.SQL(
-        "WITH old AS MATERIALIZED (SELECT tableoid AS rel, ctid AS tid FROM {table}"
-        " WHERE {created_at} < now() - %s LIMIT %s FOR UPDATE SKIP LOCKED)"
-        f" {DELETE_LOCKED}"
-    ).format(table=table, created_at=sql.Identifier(created_at))
     total = 0
-    with connect(settings.database_url) as conn:
+    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
+        statement = _statement(conn, settings, table, sql.Identifier(created_at))
         while True:
-            deleted = _delete_batch(conn, statement, older_than, batch_size)
+            deleted = _delete_batch(conn, statement, older_than, batch_size, settings.slot)
             total += deleted
             if deleted < batch_size:
                 break
@@ -73,6 +70,48 @@ def prune(settings: Settings, older_than: timedelta, *, batch_size: int = 10_000
     return total
 
 
-def _delete_batch(conn: psycopg.Connection[Any], statement: sql.Composed, older: timedelta, size: int) -> int:
-    cursor = conn.execute(statement, (older, size))
-    return cursor.rowcount
+def _statement(
+    conn: psycopg.Connection[Any], settings: Settings, table: sql.Identifier, created_at: sql.Identifier
+) -> sql.Composed:
+    """One batch's delete, which notes in the same statement how far it pruned (``pruned_until`` of the
+    slot's ``cdc_checkpoint`` row: the newest commit time of a deleted row, or its creation time where there
+    is no commit timestamp), so that `cdc recover` knows which rows are gone. Without the table (a setup
+    older than it) nothing can be noted: said once."""
+    old = sql.SQL(
+        "old AS MATERIALIZED (SELECT tableoid AS rel, ctid AS tid FROM {table}"
+        " WHERE {created_at} < now() - %(older)s LIMIT %(size)s FOR UPDATE SKIP LOCKED)"
+    ).format(table=table, created_at=created_at)
+    marks = checkpoint_table(settings)
+    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (marks,)).fetchone()
+    if not (found and found[0]):
+        log.warning(
+            "%s is missing (run `cdc setup`): what this prune deletes is not noted, so a later `cdc recover` "
+            "cannot tell that the rows are gone",
+            marks,
+        )
+        return sql.SQL("WITH {old} {delete}").format(
+            old=old, delete=sql.SQL(DELETE_LOCKED).format(table=table)
+        )
+    tracked = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
+    committed = sql.SQL("pg_xact_commit_timestamp(xmin)" if tracked and tracked[0] else "NULL::timestamptz")
+    return sql.SQL(
+        "WITH {old}, gone AS ({delete} RETURNING greatest({committed}, {created_at}) AS until),"
+        " noted AS (INSERT INTO {marks} AS c (slot, updated_at, pruned_until)"
+        " SELECT %(slot)s, now(), max(until) FROM gone HAVING count(*) > 0"
+        " ON CONFLICT (slot) DO UPDATE SET pruned_until = greatest(c.pruned_until, excluded.pruned_until))"
+        " SELECT count(*) FROM gone"
+    ).format(
+        old=old,
+        delete=sql.SQL(DELETE_LOCKED).format(table=table),
+        committed=committed,
+        created_at=created_at,
+        marks=sql.SQL(marks),
+    )
+
+
+def _delete_batch(
+    conn: psycopg.Connection[Any], statement: sql.Composed, older: timedelta, size: int, slot: str
+) -> int:
+    cursor = conn.execute(statement, {"older": older, "size": size, "slot": slot})
+    row = cursor.fetchone() if cursor.description else None
+    return int(row[0]) if row is not None else cursor.rowcount

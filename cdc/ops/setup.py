@@ -136,6 +136,18 @@ def _fill(match: re.Match[str], *, values: dict[str, str], path: Path) -> str:
         raise CdcError(f"{path.name}: unknown marker {{{{{match.group(1)}}}}}") from None
 
 
+def warn_without_commit_timestamps(conn: psycopg.Connection[Any]) -> None:
+    """`cdc recover` chooses what a lost slot may not have delivered by commit time: without it, only by
+    created_at, which it cannot vouch for. Not a refusal: the pipeline itself does not need it."""
+    row = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
+    if row is not None and not row[0]:
+        log.warning(
+            "track_commit_timestamp is off: should the slot ever be lost, `cdc recover` can choose the rows "
+            "to republish only by created_at, and refuses without --accept-gap. Fix: ALTER SYSTEM SET "
+            "track_commit_timestamp = on; then restart PostgreSQL"
+        )
+
+
 def check_capacity(conn: psycopg.Connection[Any], settings: Settings) -> None:
     """A new slot needs a free replication slot, and streaming a free WAL sender: say so before creating."""
     row = conn.execute(
@@ -169,8 +181,9 @@ def apply(
     if dry_run:
         return [(step.name, step.sql) for step in steps]
     outcomes = []
-    with connect(settings.database_url) as conn:
+    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
         check_wal_level(conn)
+        warn_without_commit_timestamps(conn)
         check_capacity(conn, settings)
         if failover and conn.info.server_version < 170000:
             major = conn.info.server_version // 10000

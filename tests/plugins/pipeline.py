@@ -246,7 +246,11 @@ class Outbox:
         )
 
     def _insert(self, events: list[Event]) -> None:
-        with self.conn.cursor() as cur:
+        self.insert_with(self.conn, events)
+
+    def insert_with(self, conn: psycopg.Connection[Any], events: list[Event]) -> None:
+        """Insert ``events`` on ``conn``, in whatever transaction it has open (committed by the caller)."""
+        with conn.cursor() as cur:
             cur.executemany(
                 psycopg.sql.SQL(
                     "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, schema_version, payload,"

@@ -15,6 +15,7 @@ import pytest
 from psycopg import sql
 
 from tests.integration.stream.test_pipeline import error_line
+from tests.plugins.pgcluster import extra_cluster
 from tests.plugins.pipeline import Outbox, cdc, order_placed, wait_until
 from tests.plugins.postgres import invalidate_slot
 
@@ -102,10 +103,6 @@ def lose_slot_under_load(outbox: Outbox, pipeline_process, how, *, recover_args:
         how()
         lost_at = load.committed
         time.sleep(1)  # events committed while no slot exists: only the table has them
-        # Refused while it is not sure to find every row: the default margin reaches before the table.
-        refused = cdc(outbox.env, "recover", "--yes")
-        assert refused.returncode == 2, refused.stderr
-        assert "was pruned past the start point" in error_line(refused.stderr)
         done = cdc(outbox.env, "recover", "--yes", *recover_args, timeout=180)
         assert done.returncode == 0, done.stdout + done.stderr
         assert load.committed > lost_at, "the load went on during the recover"
@@ -163,33 +160,39 @@ def test_recover_refuses_a_healthy_slot_and_a_slot_in_use(outbox: Outbox, pipeli
     assert proc.alive()
 
 
-def test_a_recover_that_did_not_finish_is_refused_by_run_and_done_again(
-    outbox: Outbox, pipeline_process, consume
+def test_a_young_table_whose_slot_acknowledged_nothing_recovers_from_where_setup_made_the_slot(
+    outbox: Outbox, consume
 ):
-    events = outbox.commit([outbox.event(f"u-{i}") for i in range(5)]).events
+    """Issue 25: a slot dropped minutes after `cdc setup`, every row still in the table, was refused as
+    "pruned past the start point" (its oldest row younger than the saved time minus the margin). Nothing
+    was pruned: the slot's creation, which setup notes, is where its events begin."""
+    events = outbox.commit([outbox.event(f"y-{i}") for i in range(5)]).events
     outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (outbox.slot,))
     missing = cdc(outbox.env, "run")
     assert missing.returncode == 2
     assert "run `cdc recover`" in error_line(missing.stderr)
-    no_position = cdc(outbox.env, "recover", "--yes")
-    assert no_position.returncode == 2
-    assert "give the time to republish from with --since" in error_line(no_position.stderr)
+    done = cdc(outbox.env, "recover", "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the slot acknowledged nothing; it was created" in done.stdout
+    records = consume(outbox.topic("order"), 5, timeout=30)
+    assert {r.headers["id"].decode() for r in records} == {e.id for e in events}
 
+
+def test_a_recover_that_did_not_finish_is_refused_by_run_and_done_again(
+    outbox: Outbox, pipeline_process, consume
+):
+    events = outbox.commit([outbox.event(f"u-{i}") for i in range(5)]).events
     # A recover that died after creating the slot: the mark is set, the slot is there.
+    outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (outbox.slot,))
     outbox.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (outbox.slot,))
     outbox.conn.execute(
-        "INSERT INTO public.cdc_checkpoint (slot, confirmed_lsn, commit_time, updated_at, recovering_since)"
-        " VALUES (%s, '0/0', now(), now(), now())",
-        (outbox.slot,),
+        "UPDATE public.cdc_checkpoint SET recovering_since = now() WHERE slot = %s", (outbox.slot,)
     )
     refused = cdc(outbox.env, "run")
     assert refused.returncode == 2
     assert "was re-created by a `cdc recover` that did not finish" in error_line(refused.stderr)
 
-    # The table is younger than an hour: nothing was pruned, which only the operator can know.
-    gap = cdc(outbox.env, "recover", "--yes", "--since", "1h")
-    assert gap.returncode == 2 and "--accept-gap" in error_line(gap.stderr)
-    done = cdc(outbox.env, "recover", "--yes", "--since", "1h", "--accept-gap")
+    done = cdc(outbox.env, "recover", "--yes", "--since", "1h")
     assert done.returncode == 0, done.stderr
     assert f"slot {outbox.slot}: unfinished" in done.stdout
     assert "republished 5 events" in done.stdout
@@ -199,3 +202,94 @@ def test_a_recover_that_did_not_finish_is_refused_by_run_and_done_again(
     proc = pipeline_process()
     proc.wait_streaming()
     assert proc.alive()
+
+
+def _published_and_confirmed(outbox: Outbox, pipeline_process) -> None:
+    """Stream until the slot confirmed every transaction so far and the position was saved; then stop."""
+    proc = pipeline_process()
+    proc.wait_streaming()
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 30, "the slot confirmed the events")
+    wait_until(lambda: (saved_position(outbox) or (None, None))[1] is not None, 30, "a saved position")
+    assert proc.terminate() == 0
+
+
+def test_recover_finds_a_transaction_that_ran_longer_than_the_margin(
+    outbox: Outbox, pipeline_process, consume
+):
+    """Scaled down from issue 30: margin 5 s, a transaction open 8 s across the point the lost slot had
+    acknowledged. Its rows were created (now()) before that point minus the margin, but committed after it:
+    chosen by created_at they were missed, and recover said it succeeded."""
+    slow = psycopg.connect(outbox.dsn)
+    with slow.transaction():
+        long_txn = [outbox.event("long-1"), outbox.event("long-2")]
+        outbox.insert_with(slow, long_txn)
+        time.sleep(8)
+        outbox.commit([outbox.event("short")])
+        _published_and_confirmed(outbox, pipeline_process)  # the saved position is after "short"
+    slow.close()  # committed now: after the saved position, never delivered by the slot about to be lost
+    outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (outbox.slot,))
+    done = cdc(outbox.env, "recover", "--yes", "--margin", "5s")
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = {r.headers["id"].decode() for r in consume(outbox.topic("order"), 10, timeout=15)}
+    assert {e.id for e in long_txn} <= seen, "the long transaction's rows were not republished"
+
+
+def test_a_prune_past_the_start_point_is_refused_even_when_older_rows_survive(
+    outbox: Outbox, pipeline_process
+):
+    """Issue 30: the check read only min(created_at), so one older row that prune left (locked, or with a
+    created_at of its writer's choosing) hid a prune of rows the lost slot had not delivered."""
+    survivor = outbox.event("old")
+    outbox.commit([survivor])
+    outbox.conn.execute(
+        psycopg.sql.SQL("UPDATE {} SET created_at = now() - interval '3 days' WHERE id = %s").format(
+            psycopg.sql.Identifier(outbox.table)
+        ),
+        (survivor.id,),
+    )
+    outbox.commit([outbox.event(f"p-{i}") for i in range(3)])
+    _published_and_confirmed(outbox, pipeline_process)
+    outbox.commit([outbox.event(f"late-{i}") for i in range(3)])  # committed, not delivered
+    outbox.conn.execute(
+        psycopg.sql.SQL("UPDATE {} SET created_at = now() - interval '2 days' WHERE id <> %s").format(
+            psycopg.sql.Identifier(outbox.table)
+        ),
+        (survivor.id,),
+    )
+    outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (outbox.slot,))
+    locked = psycopg.connect(outbox.dsn)
+    with locked.transaction():  # prune skips a locked row: the survivor stays, the rest goes
+        locked.execute(
+            psycopg.sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(
+                psycopg.sql.Identifier(outbox.table)
+            ),
+            (survivor.id,),
+        )
+        pruned = cdc(outbox.env, "outbox", "prune", "--older-than", "1d")
+    locked.close()
+    assert pruned.returncode == 0, pruned.stderr
+    assert outbox.ids() == {survivor.id}
+    refused = cdc(outbox.env, "recover", "--yes")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "`cdc outbox prune` deleted outbox rows" in error_line(refused.stderr)
+    accepted = cdc(outbox.env, "recover", "--yes", "--accept-gap")
+    assert accepted.returncode == 0, accepted.stderr
+
+
+def test_recover_without_commit_timestamps_says_what_it_cannot_prove(outbox: Outbox, kafka_bootstrap):
+    with extra_cluster(wal_level="logical") as other:  # track_commit_timestamp off, as by default
+        env = {**outbox.env, "CDC_DATABASE_URL": other}
+        setup = cdc(env, "setup")
+        assert setup.returncode == 0, setup.stderr
+        assert "track_commit_timestamp is off" in setup.stderr and "ALTER SYSTEM SET" in setup.stderr
+        with psycopg.connect(other, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (outbox.slot,))
+        refused = cdc(env, "recover", "--yes")
+        assert refused.returncode == 2, refused.stderr
+        message = error_line(refused.stderr)
+        assert "track_commit_timestamp is off" in message and "longer than --margin" in message
+        assert "ALTER SYSTEM SET track_commit_timestamp = on" in message
+        done = cdc(env, "recover", "--yes", "--accept-gap")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "created (track_commit_timestamp is off)" in done.stdout

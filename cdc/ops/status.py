@@ -70,6 +70,7 @@ class SlotStatus:
     # transaction Kafka acknowledged, and whether a recover of the slot is under way (or died).
     saved_commit_time: str | None = None
     recovering_since: str | None = None
+    slot_created_at: str | None = None  # when `cdc setup` or `cdc recover` created it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,7 +78,8 @@ class SlotStatus:
     def problem(self) -> CdcError | None:
         """What makes this status an alert: a slot that is missing or lost."""
         if not self.present:
-            fix = "run `cdc recover`" if self.saved_commit_time else "create it with `cdc setup`"
+            made = self.saved_commit_time or self.slot_created_at  # it existed: lost, not never made
+            fix = "run `cdc recover`" if made else "create it with `cdc setup`"
             return SlotMissingError(f"replication slot '{self.slot}' does not exist; {fix}")
         if self.wal_status == "lost" or self.invalidation_reason is not None:
             why = f"invalidation_reason = {self.invalidation_reason}" if self.invalidation_reason else ""
@@ -134,6 +136,8 @@ def _slot_status(settings: Settings) -> SlotStatus:
             recovery["saved_commit_time"] = saved.commit_time.astimezone(UTC).isoformat()
         if saved.recovering_since is not None:
             recovery["recovering_since"] = saved.recovering_since.astimezone(UTC).isoformat()
+        if saved.slot_created_at is not None:
+            recovery["slot_created_at"] = saved.slot_created_at.astimezone(UTC).isoformat()
     if row is None:
         return SlotStatus(
             **recovery,

@@ -74,6 +74,7 @@ def test_teardown_refuses_while_streaming_then_drops_slot_and_publication(outbox
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"dropped slot {outbox.slot}",
+        f"forgot the saved position of slot {outbox.slot}",  # `cdc setup` noted the slot's creation
         f"dropped publication {outbox.settings.publication}",
     ]
     left = outbox.conn.execute(

@@ -155,13 +155,27 @@ def outbox() -> None:
 @settings_options
 @click.option("--older-than", required=True, help="Delete rows created longer ago than this: 7d, 12h, 1h30m.")
 @click.option("--batch-size", default=10_000, show_default=True, help="Rows deleted per transaction.")
+@click.option(
+    "--drop-partitions",
+    is_flag=True,
+    help="A partitioned outbox: drop the partitions whose upper bound is older, instead of deleting rows.",
+)
 @handles_errors
-def outbox_prune(config_file: Path | None, older_than: str, batch_size: int, **flags: Any) -> None:
+def outbox_prune(
+    config_file: Path | None, older_than: str, batch_size: int, drop_partitions: bool, **flags: Any
+) -> None:
     """Delete old outbox rows in small batches (safe: the WAL already carried their inserts)."""
-    from cdc.ops.retention import parse_duration, prune
+    from cdc.ops import retention
 
     settings = build_settings(config_file, **flags)
-    deleted = prune(settings, parse_duration(older_than), batch_size=batch_size)
+    age = retention.parse_duration(older_than)
+    if drop_partitions:
+        dropped = retention.drop_partitions(settings, age)
+        click.echo(f"dropped {len(dropped)} partitions older than {older_than} of {settings.table}")
+        for name in dropped:
+            click.echo(f"  {name}")
+        return
+    deleted = retention.prune(settings, age, batch_size=batch_size)
     click.echo(f"deleted {deleted} rows older than {older_than} from {settings.table}")
 
 

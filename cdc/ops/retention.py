@@ -92,8 +92,7 @@ def _statement(
         return sql.SQL("WITH {old} {delete}").format(
             old=old, delete=sql.SQL(DELETE_LOCKED).format(table=table)
         )
-    tracked = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
-    committed = sql.SQL("pg_xact_commit_timestamp(xmin)" if tracked and tracked[0] else "NULL::timestamptz")
+    committed = _commit_time(conn)
     return sql.SQL(
         "WITH {old}, gone AS ({delete} RETURNING greatest({committed}, {created_at}) AS until),"
         " noted AS (INSERT INTO {marks} AS c (slot, updated_at, pruned_until)"
@@ -115,3 +114,60 @@ def _delete_batch(
     cursor = conn.execute(statement, {"older": older, "size": size, "slot": slot})
     row = cursor.fetchone() if cursor.description else None
     return int(row[0]) if row is not None else cursor.rowcount
+
+
+def _commit_time(conn: psycopg.Connection[Any]) -> sql.SQL:
+    """A row's commit time, where the server keeps it (track_commit_timestamp), else NULL."""
+    tracked = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
+    return sql.SQL("pg_xact_commit_timestamp(xmin)" if tracked and tracked[0] else "NULL::timestamptz")
+
+
+def drop_partitions(settings: Settings, older_than: timedelta) -> list[str]:
+    """Drop the partitions of a partitioned outbox (range-partitioned by creation time) whose upper bound is
+    more than ``older_than`` ago: instant, and no dead rows for vacuum. Before each drop, the newest commit
+    (or creation) time of its rows is noted as ``pruned_until`` (a scan of the partition), in the same
+    transaction, for `cdc recover`. Partitions with no upper bound (MAXVALUE, DEFAULT) are kept."""
+    created_at = settings.columns.created_at
+    table = sql.Identifier(settings.table.schema, settings.table.name)
+    dropped: list[str] = []
+    # The scan of a large partition may take a while: no bound on it but the kernel's. A drop waits for no
+    # one's lock for long, though: an exclusive lock request queued behind a writer would stop every writer.
+    with connect(settings.database_url, timeout=None) as conn:
+        conn.execute("SELECT set_config('lock_timeout', '5s', false)")
+        name = table.as_string(conn)
+        kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (name,)).fetchone()
+        if kind is None or kind[0] != "p":
+            raise ConfigError(
+                f"--drop-partitions needs a partitioned outbox, and {settings.table} is not one: prune it "
+                "without the flag (rows are deleted in batches)",
+                key="table",
+            )
+        old = conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,"
+            " LATERAL (SELECT (regexp_match(pg_get_expr(c.relpartbound, c.oid), $$TO \\('([^']*)'\\)$$))[1]"
+            " AS upper) b WHERE i.inhparent = %s::regclass AND b.upper IS NOT NULL"
+            " AND b.upper::timestamptz <= now() - %s ORDER BY b.upper::timestamptz",
+            (name, older_than),
+        ).fetchall()
+        marks = checkpoint_table(settings)
+        committed = _commit_time(conn)
+        newest = (
+            sql.SQL("greatest({}, {})").format(committed, sql.Identifier(created_at))
+            if created_at
+            else committed
+        )
+        for (partition,) in old:
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {marks} AS c (slot, updated_at, pruned_until)"
+                        " SELECT %s, now(), max({newest}) FROM {part} HAVING count(*) > 0"
+                        " ON CONFLICT (slot) DO UPDATE"
+                        " SET pruned_until = greatest(c.pruned_until, excluded.pruned_until)"
+                    ).format(marks=sql.SQL(marks), newest=newest, part=sql.SQL(partition)),
+                    (settings.slot,),
+                )
+                conn.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(partition)))
+            log.info("dropped partition %s of %s", partition, settings.table)
+            dropped.append(partition)
+    return dropped

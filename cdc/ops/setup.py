@@ -102,6 +102,7 @@ def render(
         "table": _ident(schema, name),
         "publication": _ident(settings.publication),
         "publication_literal": _literal(settings.publication),
+        "table_literal": _literal(_ident(schema, name)),
         "slot_literal": _literal(settings.slot),
         "schema": _ident(schema),
         "heartbeat_table": heartbeat_table(settings),

@@ -196,6 +196,20 @@ def preflight(
             created_lsn = None if saved is None else saved.slot_created_lsn
         if _scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)) == 0:
             raise PublicationError(f"publication '{publication}' does not exist; create it with `cdc setup`")
+        via_root = _scalar(
+            conn,
+            "SELECT p.pubviaroot FROM pg_publication p, pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s AND n.nspname = %s"
+            " AND c.relname = %s AND c.relkind = 'p'",
+            (publication, table[0], table[1]),
+        )
+        if via_root is False:
+            raise PublicationError(
+                f"{table[0]}.{table[1]} is partitioned, and publication '{publication}' publishes its "
+                "inserts under the partitions' names, which the pipeline does not know. Fix: ALTER "
+                f"PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true); "
+                "(`cdc setup` does it)"
+            )
         covered = _scalar(
             conn,
             "SELECT count(*) FROM pg_publication_tables t JOIN pg_publication p ON p.pubname = t.pubname "

@@ -92,6 +92,17 @@ class PipelineCollector(Collector):
         yield GaugeMetricFamily(
             "cdc_producer_queue_depth", "Records waiting for Kafka", value=p.sink.queue_depth()
         )
+        if p.slot_watch.count is not None:
+            yield GaugeMetricFamily(
+                "cdc_replication_slots",
+                "Replication slots on the cluster, ours included, at the pipeline's last look",
+                value=p.slot_watch.count,
+            )
+        yield CounterMetricFamily(
+            "cdc_replication_slot_changes",
+            "Replication slots created or dropped on the cluster since the pipeline started (each is logged)",
+            value=p.slot_watch.changes,
+        )
         silent = p.seconds_since_server_message()
         if silent is not None:  # not streaming: no value (cdc_ready says why)
             yield GaugeMetricFamily(

@@ -71,6 +71,9 @@ class SlotStatus:
     saved_commit_time: str | None = None
     recovering_since: str | None = None
     slot_created_at: str | None = None  # when `cdc setup` or `cdc recover` created it
+    # The cluster's other replication slots: any role with REPLICATION can make or drop one, so an
+    # unexpected one is worth a look (docs/operations.md, "Least privilege").
+    other_slots: list[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,9 +131,18 @@ def _slot_status(settings: Settings) -> SlotStatus:
         heartbeat = _last_heartbeat(conn, settings)
         saved = read_position(conn, settings)
         readiness = failover.check(conn, settings.database_url, settings.slot)
+        others = [
+            f"{name} ({plugin}{', database ' + db if db else ''}, {'active' if active else 'inactive'})"
+            for name, plugin, db, active in conn.execute(
+                "SELECT slot_name, coalesce(plugin, 'physical'), coalesce(database, ''), active"
+                " FROM pg_replication_slots WHERE slot_name <> %s ORDER BY slot_name",
+                (settings.slot,),
+            ).fetchall()
+        ]
     current_lsn = current[0] if current else None
     server = current[1] if current else None
     recovery: dict[str, Any] = {}
+    recovery["other_slots"] = others
     if saved is not None:
         if saved.commit_time is not None:
             recovery["saved_commit_time"] = saved.commit_time.astimezone(UTC).isoformat()

@@ -38,6 +38,7 @@ from cdc.stream.progress import PositionWriter, checkpoint_table
 from cdc.stream.refusals import RefusalLedger
 from cdc.stream.route import EventRouter
 from cdc.stream.sink import Headers, KafkaSink
+from cdc.stream.slot_watch import SlotWatch
 from cdc.stream.source import ReplicationSource, end_walsender, preflight
 from cdc.stream.transactions import (
     FENCED,
@@ -105,6 +106,7 @@ class Lifecycle(Delivery):
         self._alone: bytes | None = None  # the digest of the record produced alone, while it is
         self.server_wal_end = 0  # the server's end of WAL, from keepalives and message envelopes
         self.heartbeat = Heartbeat(settings)
+        self.slot_watch = SlotWatch(settings)  # other slots created or dropped on the cluster
         self.position = PositionWriter(settings)  # for `cdc recover`: how far Kafka acknowledged the outbox
         self._last_data = time.monotonic()  # when the stream last carried a change
         self.turned_at = self.last_ack_at = time.monotonic()
@@ -576,6 +578,7 @@ class Lifecycle(Delivery):
                 timeout,
             )
         self.heartbeat.close()
+        self.slot_watch.close()
         if self.registry is not None:
             self.registry.close()
         source = self._source

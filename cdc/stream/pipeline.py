@@ -74,6 +74,7 @@ class Pipeline(Lifecycle):
         poll = self.sink.poll
         status_interval = self.settings.status_interval
         heartbeat = self.heartbeat
+        slot_watch = self.slot_watch
         ktx = self.ktx
         while not self._stop:
             batch = source.read(READ_TIMEOUT)
@@ -111,6 +112,8 @@ class Pipeline(Lifecycle):
                 self._last_data = now
             elif heartbeat.due(now, self._last_data):
                 heartbeat.emit(now)
+            if slot_watch.due(now):
+                slot_watch.look(now)
             poll(0)
             if self._reload_requested:
                 self._reload_requested = False

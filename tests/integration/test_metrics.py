@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.error
 import urllib.request
@@ -85,3 +86,35 @@ def test_readyz_says_when_kafka_does_not_answer(outbox, private_kafka, pipeline_
     private_kafka.start()
     wait_until(lambda: get(port, "/readyz")[0] == 200, 60, "ready again")
     assert proc.terminate() == 0
+
+
+def test_a_slot_created_or_dropped_on_the_cluster_is_logged_and_counted(
+    outbox, pipeline_process, unique_name
+):
+    """Any role with REPLICATION may create or drop a slot (there is no finer right): the pipeline says so."""
+    port = free_port()
+    proc = pipeline_process(CDC_METRICS_PORT=str(port))
+    proc.wait_for_log(r"replication slots on the cluster besides ours", 30)
+    assert metric(get(port, "/metrics")[1], "cdc_replication_slot_changes_total") == 0
+    other = unique_name("intruder")[:63]
+    outbox.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (other,))
+    try:
+        proc.wait_for_log(rf"replication slot {other} \(pgoutput, database \S+\) was created", 30)
+    finally:
+        outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (other,))
+    proc.wait_for_log(rf"replication slot {other} \(pgoutput, database \S+\) was dropped", 30)
+    text = get(port, "/metrics")[1]
+    assert metric(text, "cdc_replication_slot_changes_total") == 2
+    assert metric(text, "cdc_replication_slots") >= 1
+    assert proc.terminate() == 0
+
+
+def test_status_lists_the_clusters_other_slots(outbox, unique_name):
+    other = unique_name("other")[:63]
+    outbox.conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (other,))
+    try:
+        done = cdc(outbox.env, "status", "--json")
+    finally:
+        outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (other,))
+    report = json.loads(done.stdout)
+    assert any(s.startswith(f"{other} (pgoutput, database ") for s in report["other_slots"]), report

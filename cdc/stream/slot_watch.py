@@ -3,10 +3,11 @@
 The role that streams needs the REPLICATION attribute, and with it a process can decode every table of the
 database through a slot of its own, and drop any slot, ours too (docs/operations.md, "Least privilege").
 PostgreSQL has no finer right. What can be done is to see it: every three ``status_interval`` (30 s by
-default), on a side connection with bounded waits, `cdc run` reads ``pg_replication_slots`` and logs a WARNING for each
-slot created or dropped since the last look (the first look only says what is there). The count and the
-changes are metrics (``cdc_replication_slots``, ``cdc_replication_slot_changes_total``). Best effort, like
-the heartbeat: a failed look is a debug line, and the next one compares with the last that worked.
+default), on a side connection with bounded waits, `cdc run` reads ``pg_replication_slots`` and logs a
+WARNING for each slot created or dropped since the last look (the first look only says what is there). The
+count and the changes are metrics (``cdc_replication_slots``, ``cdc_replication_slot_changes_total``). Best
+effort, like the heartbeat: a failed look is a debug line, and the next one compares with the last that
+worked.
 """
 
 from __future__ import annotations

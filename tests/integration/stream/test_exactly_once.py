@@ -11,10 +11,12 @@ import signal
 import time
 import uuid
 from collections import Counter
+from urllib.parse import quote
 
 import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from psycopg.conninfo import conninfo_to_dict
 
 from cdc.errors import parse_lsn
 from tests.plugins.pipeline import Outbox, cdc, wait_until
@@ -168,11 +170,14 @@ def test_a_checkpoint_ahead_of_the_slot_is_not_published_twice(
         )
 
 
+@pytest.mark.parametrize("url", ["same", "written otherwise"])
 def test_a_zombie_pipeline_is_fenced_by_its_successor_and_nothing_is_published_twice(
-    outbox: Outbox, pipeline_process, eo, kafka_bootstrap
+    outbox: Outbox, pipeline_process, eo, kafka_bootstrap, url
 ):
     """The first pipeline freezes (SIGSTOP) with a Kafka transaction open and loses its slot; a second one
-    takes the slot and the transactional id. Thawed, the first may publish nothing: it is fenced, exit 1."""
+    takes the slot and the transactional id. Thawed, the first may publish nothing: it is fenced, exit 1.
+    The successor's database_url may be written otherwise (a URI, the database from PGDATABASE): the id
+    comes from the server's identity and the slot, not from that text (issue 30, item 8)."""
     # Its transactions stay open for a minute: it freezes holding one.
     zombie = pipeline_process(**eo, CDC_TRANSACTION_MAX_SECONDS="60")
     zombie.wait_streaming()
@@ -187,7 +192,17 @@ def test_a_zombie_pipeline_is_fenced_by_its_successor_and_nothing_is_published_t
             (outbox.slot,),
         )
         wait_until(lambda: outbox.slot_active_pid() is None, 10, "the zombie's walsender to go")
-        successor = pipeline_process(**eo)
+        successor_env = dict(eo)
+        if url != "same":
+            params = conninfo_to_dict(outbox.dsn)
+            # No database in the URL: libpq takes it from PGDATABASE.
+            successor_env["CDC_DATABASE_URL"] = (
+                f"postgresql://{params['user']}:{quote(params['password'])}@{params['host']}:{params['port']}"
+                "?application_name=successor"
+            )
+            successor_env["PGDATABASE"] = params["dbname"]
+            assert successor_env["CDC_DATABASE_URL"] != outbox.dsn
+        successor = pipeline_process(**successor_env)
         successor.wait_for_log(r"exactly-once: transactional id")  # it has fenced the zombie
         outbox.commit([outbox.event(f"z-{i % 3}") for i in range(20)])
     finally:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.config import load_settings
 from cdc.consumer import EventDeserializer
@@ -48,7 +49,7 @@ from cdc.ops import setup as cdc_setup
 from tests.faults.check import Verdict, analyze
 from tests.faults.load import AGGREGATE_TYPES, Load
 from tests.faults.readback import read_dead_letters, read_events, watermarks
-from tests.faults.schedule import MIN_PIPELINE_KILLS, Fault, counts, make_schedule
+from tests.faults.schedule import FREEZE_WATCH, MIN_PIPELINE_KILLS, Fault, counts, make_schedule
 from tests.faults.stack import ROOT, FaultStack
 from tests.faults.supervisor import Supervisor, start_cdc_run
 from tests.plugins.proxy import TcpProxy
@@ -56,6 +57,11 @@ from tests.plugins.proxy import TcpProxy
 log = logging.getLogger("faults")
 
 SCHEMAS = ROOT / "tests" / "faults" / "schemas"
+# The pipeline's silence bounds in a fault run (the defaults are 30 s), and what a freeze may cost: the time
+# from the freeze (or the thaw) to the slot confirming what was committed before it.
+SILENCE = 10
+QUERY_TIMEOUT = 5
+FREEZE_BOUND = SILENCE + 25.0
 RESULTS = ROOT / "faults-results"
 
 
@@ -122,6 +128,8 @@ def prepare(stack: FaultStack, seed: int, args: argparse.Namespace) -> Run:
             "CDC_VALUE_FORMAT": value_format(seed, args),
             "CDC_STATUS_INTERVAL": "1",
             "CDC_BACKOFF_MAX": "2",
+            "CDC_SOURCE_SILENCE_TIMEOUT": str(SILENCE),
+            "CDC_QUERY_TIMEOUT": str(QUERY_TIMEOUT),
             "CDC_LOG_LEVEL": args.log_level,
         }
     )
@@ -175,6 +183,10 @@ def _drop_leftovers(dsn: str) -> None:
 # -- the faults ---------------------------------------------------------------------------------------------
 
 
+SLOW_FAULTS = ("kill_broker", "registry_down", "freeze_registry", "restart_postgres", "big_transaction")
+SLOW_FAULTS += ("freeze_pg", "freeze_pg_all")  # each in a thread of its own: pipeline kills keep their times
+
+
 class Faults:
     """Carries out the schedule: each fault at its time; outages in threads of their own, so that the
     pipeline kills keep their times during an outage."""
@@ -188,9 +200,12 @@ class Faults:
         proxy: TcpProxy,
         load: Load,
         big_rows: int,
+        pg_proxy: TcpProxy,
     ) -> None:
         self.run, self.schedule, self.stack = run, schedule, stack
         self.supervisor, self.proxy, self.load, self.big_rows = supervisor, proxy, load, big_rows
+        self.pg_proxy = pg_proxy
+        self.resumed: list[float] = []  # per silence fault: seconds until the slot confirmed past it
         self.done: dict[str, int] = {}
         self.errors: list[str] = []
         self._threads: list[threading.Thread] = []
@@ -212,7 +227,7 @@ class Faults:
         for fault in self.schedule:
             if self._stop.wait(max(0.0, self.t0 + fault.at - time.monotonic())):
                 return
-            if fault.kind in ("kill_broker", "registry_down", "restart_postgres", "big_transaction"):
+            if fault.kind in SLOW_FAULTS:
                 thread = threading.Thread(target=self._do, args=(fault,), name=fault.kind, daemon=True)
                 thread.start()
                 self._threads.append(thread)
@@ -262,6 +277,41 @@ class Faults:
         time.sleep(fault.hold)
         self.proxy.start()
         self.run.note(self.t0, "schema registry reachable again")
+
+    def freeze_registry(self, fault: Fault) -> None:
+        self.proxy.freeze(new_too=True)
+        self.run.note(
+            self.t0, f"schema registry silent (connections open, nothing passes) for {fault.hold:.1f} s"
+        )
+        time.sleep(fault.hold)
+        self.proxy.thaw()
+        self.run.note(self.t0, "schema registry answers again")
+
+    def freeze_pg(self, fault: Fault) -> None:
+        """Every connection open from `cdc run` to PostgreSQL goes silent for good; new ones pass."""
+        target = _current_lsn(self.run.dsn)
+        self.pg_proxy.freeze()
+        frozen = time.monotonic()
+        self.run.note(self.t0, "PostgreSQL connections of cdc run frozen for good (new ones pass)")
+        self._resumed(frozen, target, fault.hold)
+
+    def freeze_pg_all(self, fault: Fault) -> None:
+        """Every connection to PostgreSQL, new ones too, silent for ``hold``, then thawed."""
+        self.pg_proxy.freeze(new_too=True)
+        self.run.note(self.t0, f"PostgreSQL silent for cdc run (every connection) for {fault.hold:.1f} s")
+        time.sleep(fault.hold)
+        target = _current_lsn(self.run.dsn)
+        self.pg_proxy.thaw()
+        self.run.note(self.t0, "PostgreSQL answers cdc run again")
+        self._resumed(time.monotonic(), target, FREEZE_WATCH)
+
+    def _resumed(self, since: float, target: int, watch: float) -> None:
+        """Note how long until the slot confirmed ``target`` (what was committed before the freeze or the
+        thaw): the stream resumed. Watched for FREEZE_BOUND at least; a pipeline kill in between counts."""
+        confirmed = _wait_confirmed(self.run, target, max(watch, FREEZE_BOUND))
+        took = time.monotonic() - since
+        self.resumed.append(took if confirmed else float("inf"))
+        self.run.note(self.t0, f"stream resumed after {took:.1f} s" if confirmed else "stream NOT resumed")
 
     def big_transaction(self, fault: Fault) -> None:
         self.run.note(self.t0, f"big transaction of {self.big_rows} rows begins")
@@ -357,11 +407,17 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
     proxy = TcpProxy(("127.0.0.1", registry_port))
     proxy.start()
     run.env["CDC_SCHEMA_REGISTRY_URL"] = re.sub(r":\d+/", f":{proxy.port}/", run.registry_url, count=1)
+    # cdc run reaches PostgreSQL through a proxy that can freeze its connections; the load, the faults and
+    # the checks go straight to the server.
+    pg_params = conninfo_to_dict(run.dsn)
+    pg_proxy = TcpProxy((str(pg_params.get("host", "127.0.0.1")), int(pg_params.get("port", 5432))))
+    pg_proxy.start()
+    run.env["CDC_DATABASE_URL"] = make_conninfo(run.dsn, host="127.0.0.1", port=str(pg_proxy.port))
     log.info("run %s: seed %d, %d faults, logs in %s", run.tag, seed, len(schedule), run.dir)
 
     supervisor = Supervisor(run.env, run.dir)
     load = Load(run.dsn, run.table, seed=seed, rate=args.rate)
-    faults = Faults(run, schedule, stack, supervisor, proxy, load, args.big_rows)
+    faults = Faults(run, schedule, stack, supervisor, proxy, load, args.big_rows, pg_proxy)
     supervisor.start()
     # The load begins 0-4 s after the pipeline: its first events meet a producer that is still acquiring
     # its producer id from a broker that is loading its coordinators, or one that has had it for a while.
@@ -376,6 +432,8 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
     stack.up()  # whatever an overrunning fault left down comes back
     if not proxy.listening:
         proxy.start()
+    proxy.thaw()
+    pg_proxy.thaw()
     supervisor.resume()
     load.resolve_all()
     target = _current_lsn(run.dsn)
@@ -385,6 +443,8 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
     code = supervisor.stop()
     run.note(t0, f"SIGTERM: exit {code}")
     proxy.stop()
+    pg_proxy.stop()
+    run.env["CDC_DATABASE_URL"] = run.dsn  # the second run goes straight to the server
 
     deserializer = EventDeserializer(SCHEMAS, schema_registry_url=run.registry_url)
     try:
@@ -408,6 +468,9 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
         f"pipeline_kills>={MIN_PIPELINE_KILLS}": supervisor.kills >= MIN_PIPELINE_KILLS,
         "ledger_matches_table": in_table == verdict.committed,
         "every_fault_done": not faults.errors,
+        f"stream_resumed_within_{FREEZE_BOUND:g}s_of_each_silence": all(
+            t <= FREEZE_BOUND for t in faults.resumed
+        ),
     }
     if args.delivery == "exactly-once":
         verdict.facts["no_duplicates_for_read_committed"] = verdict.duplicates == 0
@@ -461,6 +524,10 @@ def figure_line(
         f"kills={supervisor.kills} broker_kills={done.get('kill_broker', 0)} "
         f"pg_restarts={done.get('restart_postgres', 0)} walsender_kills={done.get('kill_walsender', 0)} "
         f"registry_outages={done.get('registry_down', 0)}/{planned.get('registry_down', 0)} "
+        f"registry_freezes={done.get('freeze_registry', 0)}/{planned.get('freeze_registry', 0)} "
+        f"pg_freezes={done.get('freeze_pg', 0)}/{planned.get('freeze_pg', 0)} "
+        f"pg_freezes_all={done.get('freeze_pg_all', 0)}/{planned.get('freeze_pg_all', 0)} "
+        f"resumed_max={max(faults.resumed, default=0):.1f}s "
         f"big_rows={args.big_rows if done.get('big_transaction') else 0} "
         f"unexpected_exits={len(supervisor.unexpected_exits())} "
         f"duration={args.duration:g}s elapsed={elapsed:.0f}s"

@@ -12,7 +12,12 @@ Faults, for a run of ``duration`` seconds:
   script.
 - ``restart_postgres``: ``pg_ctl restart -m immediate`` (a crash and recovery, as far as clients can tell).
 - ``kill_walsender``: ``pg_terminate_backend`` of the slot's walsender, twice.
-- ``registry_down``: the schema registry unreachable for ``hold`` (15-25 s) when the framing is confluent.
+- ``registry_down``: the schema registry unreachable for ``hold`` (15-25 s) when the framing is confluent;
+  or, for half the seeds, ``freeze_registry``: its connections kept open and silent for as long.
+- Silence (issue 25), one of the two per run, by seed: ``freeze_pg``, every connection open from ``cdc run``
+  to PostgreSQL frozen for good (open, forwarding nothing; new ones pass), ``hold`` being how long the
+  recovery is watched for; or ``freeze_pg_all``, every connection, new ones too, frozen for ``hold``
+  (30-40 s), then thawed.
 - ``big_transaction``: one transaction of ``big_rows`` rows, committed while the rest goes on.
 - ``advance_slot`` (only with ``sabotage``): the pipeline is stopped, the slot is advanced to the current
   WAL position behind its back, and the pipeline restarted: the suite must then report missing events.
@@ -27,7 +32,10 @@ import random
 from dataclasses import dataclass
 
 MIN_PIPELINE_KILLS = 12
-MIN_DURATION = 120
+MIN_DURATION = 150
+FREEZE_WATCH = 20.0  # seconds a freeze_pg of the current connections is watched for the stream to resume
+OUTAGES = ("kill_broker", "restart_postgres", "kill_walsender", "registry_down", "freeze_registry")
+OUTAGES += ("freeze_pg", "freeze_pg_all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +62,11 @@ def make_schedule(
     # pipeline's last restart meets a healthy stack.
     outages = [("kill_broker", rng.uniform(20, 25)), ("restart_postgres", 0.0)]
     outages += [("kill_walsender", 0.0), ("kill_walsender", 0.0)]
+    outages.append(
+        ("freeze_pg", FREEZE_WATCH) if rng.random() < 0.5 else ("freeze_pg_all", rng.uniform(30, 40))
+    )
     if registry:
-        outages.append(("registry_down", rng.uniform(15, 25)))
+        outages.append(("registry_down" if rng.random() < 0.5 else "freeze_registry", rng.uniform(15, 25)))
     rng.shuffle(outages)
     start, end = 8.0, duration - 15.0
     busy = sum(hold + 6 for _, hold in outages)  # 6 s of calm after each before the next may come
@@ -69,7 +80,7 @@ def make_schedule(
         at += cut - previous_cut
         previous_cut = cut
         faults.append(Fault(round(at, 2), kind, round(hold, 2)))
-        if kind == "registry_down":
+        if kind in ("registry_down", "freeze_registry"):
             registry_window = (at, at + hold)
         at += hold + 6
 

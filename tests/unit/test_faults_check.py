@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.check import Ledger, Seen, analyze
-from tests.faults.schedule import MIN_DURATION, MIN_PIPELINE_KILLS, counts, make_schedule
+from tests.faults.schedule import MIN_DURATION, MIN_PIPELINE_KILLS, OUTAGES, counts, make_schedule
 
 
 def ledger(*events: tuple[str, str, int], rolled_back: tuple[str, ...] = ()) -> Ledger:
@@ -83,22 +83,24 @@ def test_a_failed_fact_is_a_violation():
     assert verdict.violations() == ["sigterm_exit_0 failed"]
 
 
+@pytest.mark.parametrize("seed", range(11, 19))
 @pytest.mark.parametrize("duration", [MIN_DURATION, 170, 600])
-def test_the_schedule_holds_every_fault_the_suite_promises(duration):
-    faults = make_schedule(11, duration, registry=True, big_rows=10, sabotage=True)
+def test_the_schedule_holds_every_fault_the_suite_promises(duration, seed):
+    faults = make_schedule(seed, duration, registry=True, big_rows=10, sabotage=True)
     n = counts(faults)
     assert n["kill_pipeline"] >= MIN_PIPELINE_KILLS + 1  # one more inside the registry outage
-    assert (n["kill_broker"], n["restart_postgres"], n["kill_walsender"], n["registry_down"]) == (1, 1, 2, 1)
+    assert (n["kill_broker"], n["restart_postgres"], n["kill_walsender"]) == (1, 1, 2)
+    assert n.get("registry_down", 0) + n.get("freeze_registry", 0) == 1
+    assert n.get("freeze_pg", 0) + n.get("freeze_pg_all", 0) == 1, "one silence of PostgreSQL per run"
     assert (n["big_transaction"], n["advance_slot"]) == (1, 1)
     broker = next(f for f in faults if f.kind == "kill_broker")
     assert broker.hold >= 20
     assert all(0 <= f.at <= duration for f in faults)
-    outages = [
-        f for f in faults if f.kind in ("kill_broker", "restart_postgres", "kill_walsender", "registry_down")
-    ]
+    outages = [f for f in faults if f.kind in OUTAGES]
     for a, b in zip(outages, outages[1:], strict=False):
         assert a.at + a.hold < b.at, f"{a.describe()} overlaps {b.describe()}"
-    registry = next(f for f in faults if f.kind == "registry_down")
+    assert outages[-1].at + outages[-1].hold <= duration - 15 + 6, "the last outage ends before the quiet end"
+    registry = next(f for f in faults if f.kind in ("registry_down", "freeze_registry"))
     assert any(
         registry.at < f.at < registry.at + registry.hold for f in faults if f.kind == "kill_pipeline"
     ), "no pipeline start meets the registry outage"

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import psycopg
@@ -37,7 +36,6 @@ __all__ = [
     "Settings",
     "TableRef",
     "describe_dsn",
-    "load_settings",
     "redact_dsn",
     "validate_kafka_config",
 ]
@@ -315,17 +313,3 @@ def _producer_error(user: dict[str, str]) -> str | None:
         return str(exc)
     producer.flush(0)  # nothing queued: returns at once; the producer is destroyed when it goes out of scope
     return None
-
-
-# The loader (cdc.config_loader) builds Settings from the file, the environment and the flags. It imports this
-# module, so it is re-exported here lazily, where callers have always found it.
-if TYPE_CHECKING:
-    from cdc.config_loader import load_settings
-
-
-def __getattr__(name: str) -> Any:
-    if name == "load_settings":
-        from cdc.config_loader import load_settings
-
-        return load_settings
-    raise AttributeError(f"module 'cdc.config' has no attribute {name!r}")

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from cdc.avro.store import SchemaStore
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.ops.setup import apply
 from cdc.ops.status import teardown
 

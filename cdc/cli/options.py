@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 import click
 
-from cdc.config import Settings, load_settings
+from cdc.config import Settings
+from cdc.config_loader import load_settings
 from cdc.errors import CdcError
 
 log = logging.getLogger("cdc")

@@ -55,8 +55,9 @@ from cdc.errors import (
 from cdc.ops.republish import Progress, RepublishResult, RowFilter, count_rows, republish
 from cdc.ops.status import forget_slot_checkpoint
 from cdc.pg import connect
+from cdc.stream.preflight import check_wal_level, slot_identity
 from cdc.stream.progress import SavedPosition, checkpoint_table, read_position
-from cdc.stream.source import check_wal_level, quote_ident, slot_identity
+from cdc.stream.source import quote_ident
 
 __all__ = ["DEFAULT_MARGIN", "Plan", "plan", "recover"]
 

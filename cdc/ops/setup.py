@@ -20,8 +20,8 @@ from cdc.config import Settings
 from cdc.errors import CdcError, ConfigError, StartupRefusal
 from cdc.pg import connect
 from cdc.stream.heartbeat import HEARTBEAT_TABLE, heartbeat_table
+from cdc.stream.preflight import check_wal_level
 from cdc.stream.progress import CHECKPOINT_TABLE, checkpoint_table, read_position
-from cdc.stream.source import check_wal_level
 
 log = logging.getLogger("cdc.setup")
 

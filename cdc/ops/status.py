@@ -29,8 +29,9 @@ from cdc.errors import (
 from cdc.pg import connect
 from cdc.stream import failover
 from cdc.stream.heartbeat import heartbeat_table
+from cdc.stream.preflight import slot_identity
 from cdc.stream.progress import checkpoint_table, read_position
-from cdc.stream.source import quote_ident, slot_identity
+from cdc.stream.source import quote_ident
 from cdc.stream.transactions import forget_checkpoint, read_checkpoint
 
 log = logging.getLogger("cdc.status")

@@ -1,10 +1,10 @@
 """The pipeline's life: start, stream, reconnect with backoff, replay after a refusal, shut down.
 
-A lost PostgreSQL connection is retried with exponential backoff: the stream restarts from the slot, so
-nothing is skipped, after Kafka finished what it had (so the replays come after the first copies). Records
+A lost PostgreSQL connection is retried with exponential backoff (:mod:`cdc.stream.reconnect`). Records
 Kafka refused make it replay from the slot with a new producer (:mod:`cdc.stream.refusals`). Any other
 failed delivery ends the run without confirming past it. SIGTERM stops reading, waits (bounded) for what is
-in flight, confirms what was acknowledged and closes.
+in flight, confirms what was acknowledged and closes. Exactly-once delivery is :mod:`cdc.stream.exactly_once`;
+what the probes ask, :mod:`cdc.stream.health`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, NoReturn
-
-import psycopg
-from confluent_kafka import KafkaError, KafkaException
+from typing import TYPE_CHECKING
 
 from cdc import fastpath
 from cdc.avro.reload import SchemaSet
@@ -23,46 +20,39 @@ from cdc.config import Settings, describe_dsn
 from cdc.errors import (
     DeliveryError,
     DeliveryRefusedError,
-    ProducerFencedError,
-    SinkError,
     SlotActiveError,
     SourceConnectionError,
     TransactionAbortedError,
     format_lsn,
 )
 from cdc.stream.checkpoint import AckLatency, AckTracker, Transaction
-from cdc.stream.delivery import Delivery, delivery_log
+from cdc.stream.delivery import delivery_log
+from cdc.stream.health import Health
 from cdc.stream.heartbeat import Heartbeat
-from cdc.stream.identity import ServerIdentity, SkipBound, SlotIdentity
+from cdc.stream.identity import ServerIdentity, SlotIdentity
+from cdc.stream.preflight import preflight
 from cdc.stream.progress import PositionWriter, checkpoint_table
+from cdc.stream.reconnect import Reconnects
 from cdc.stream.refusals import RefusalLedger
-from cdc.stream.route import EventRouter
+from cdc.stream.route import EventRouter, Route
 from cdc.stream.sink import Headers, KafkaSink
 from cdc.stream.slot_watch import SlotWatch
-from cdc.stream.source import ReplicationSource, end_walsender, preflight
+from cdc.stream.source import ReplicationSource
 from cdc.stream.transactions import (
-    FENCED,
     Checkpoint,
     KafkaTransaction,
-    classify,
-    database_of,
-    read_checkpoint,
-    transactional_id,
 )
-from cdc.stream.waits import Backoff, StopRequested
+from cdc.stream.waits import SHUTDOWN_RESERVE, Backoff, StopRequested
 
 if TYPE_CHECKING:
     from cdc.avro.registry import SchemaRegistry
-    from cdc.stream.pipeline import Route
 
 log = logging.getLogger("cdc.pipeline")
 
 STANDBY_POLL = 1.0  # seconds between a standby's attempts to take the slot over
-COMMIT_WAIT = 1.0  # seconds one commit_transaction() call may block before the slot's connection is served
-SHUTDOWN_RESERVE = 5.0  # seconds of shutdown_timeout kept for confirming and closing after Kafka's waits
 
 
-class Lifecycle(Delivery):
+class Lifecycle(Reconnects, Health):
     """Everything about the pipeline but the stream loop itself (:class:`cdc.stream.pipeline.Pipeline`)."""
 
     def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
@@ -137,60 +127,6 @@ class Lifecycle(Delivery):
     @property
     def events_dead_lettered(self) -> int:
         return sum(self.dead_lettered_by_reason.values())
-
-    def dead_letters_in_window(self) -> int:
-        """The poison-flood brake's count: dead letters within the last dead_letter_window (0 when off)."""
-        times = self._dead_letter_times
-        if times is None:
-            return 0
-        since = time.monotonic() - self.settings.dead_letter_window
-        return sum(1 for t in tuple(times) if t >= since)  # a copy: the stream's thread appends meanwhile
-
-    def not_ready(self) -> list[str]:
-        """Why the pipeline is not ready (empty when it is): for /readyz. Read from another thread."""
-        reasons = []
-        now = time.monotonic()
-        source = self._source
-        if source is None:
-            reasons.append("not streaming from PostgreSQL")
-        elif (silent := now - source.last_message_at) > source.silence:
-            reasons.append(f"nothing from PostgreSQL for {silent:.0f} s (source_silence_timeout)")
-        if not self.sink.broker_reachable():
-            reasons.append("Kafka does not answer")
-        waiting = self.sink.queue_depth()
-        timeout = self.settings.delivery_timeout
-        if waiting and now - self.last_ack_at > timeout:
-            reasons.append(
-                f"{waiting} events wait for Kafka's acknowledgement, none for {now - self.last_ack_at:.0f} s "
-                f"(delivery_timeout = {timeout:g} s)"
-            )
-        return reasons
-
-    def alive(self) -> str | None:
-        """Why the pipeline is stuck (None when its loop turns): for /healthz. Read from another thread."""
-        still = time.monotonic() - self.turned_at
-        if still > self.settings.liveness_timeout:
-            return f"the stream's loop has not turned for {still:.0f} s (liveness_timeout)"
-        return None
-
-    def seconds_since_server_message(self) -> float | None:
-        """How long ago PostgreSQL's replication stream last said anything (None: not streaming)."""
-        source = self._source
-        return None if source is None else time.monotonic() - source.last_message_at
-
-    def request_stop(self) -> None:
-        """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler).
-        The shutdown's waits fit in shutdown_timeout from now, with SHUTDOWN_RESERVE left to confirm."""
-        if not self._stop:
-            self._stop_at = time.monotonic()
-        self._stop = True
-
-    def _shutdown_left(self) -> float:
-        """Seconds the shutdown may still wait for Kafka: shutdown_timeout from the stop request (or from
-        now), less what confirming and closing needs."""
-        timeout = self.settings.shutdown_timeout
-        start = self._stop_at if self._stop_at is not None else time.monotonic()
-        return max(0.0, start + timeout - min(SHUTDOWN_RESERVE, timeout / 3) - time.monotonic())
 
     def request_schema_reload(self) -> None:
         """Ask the pipeline to re-read schemas_dir between two reads of the stream (safe to call from a
@@ -276,38 +212,6 @@ class Lifecycle(Delivery):
             flood.lsn = self._confirmable()
             raise flood
 
-    def _end_own_walsender(self, exc: SlotActiveError) -> bool:
-        """The slot is held by the walsender of our own last connection, which went silent (frozen by the
-        network, so the server does not know it is gone): end it rather than wait for wal_sender_timeout.
-        True when it was ended and the next session may start at once."""
-        pid, ours = exc.pid, self._last_walsender
-        if pid is None or pid != ours:
-            return False
-        self._last_walsender = None
-        try:
-            ended = end_walsender(self.settings.database_url, pid, self.settings.query_timeout)
-        except (SourceConnectionError, psycopg.Error) as failure:
-            log.warning("could not end our silent walsender (pid %d): %s", pid, failure)
-            return False
-        if ended:
-            log.warning("ended our previous walsender (pid %d), silent since its connection froze", pid)
-        return ended
-
-    def _reconnect_later(self, exc: Exception, backoff: Backoff) -> None:
-        """The connection to PostgreSQL was lost: let Kafka finish what it has, then wait before the next
-        session."""
-        self._close_source()
-        self.reconnects += 1
-        if self.ktx.open:
-            try:
-                self._end_kafka_transaction()
-            except (TransactionAbortedError, StopRequested):
-                pass  # the next session starts from the checkpoint anyway; a stop is seen by run()
-        self._drain_after_loss()
-        delay = backoff.next_delay()
-        log.warning("PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, backoff.attempt)
-        self._sleep(delay)
-
     def _session(self, first: bool) -> None:
         if self.tracker.failure is not None or self.sink.fatal_error is not None:
             self._delivery_failed()  # seen while reconnecting: must not be forgotten with the old tracker
@@ -361,168 +265,6 @@ class Lifecycle(Delivery):
     def _stream(self, source: ReplicationSource) -> None:
         raise NotImplementedError  # the hot loop: cdc.stream.pipeline.Pipeline
 
-    # -- exactly-once ----------------------------------------------------------------------------------------
-
-    def _start_transactions(self, server: ServerIdentity, slot: SlotIdentity, first: bool) -> None:
-        """Once the slot is ours (so that a waiting standby fences no one): fence any earlier producer of
-        the slot's transactional id, then read what the committed Kafka transactions cover. Every session
-        skips the source transactions that the checkpoint holds on this server's WAL history."""
-        s = self.settings
-        if slot != self.slot_identity:
-            if self.slot_identity is not None:
-                log.warning(
-                    "exactly-once: the slot is now %s (was %s): its checkpoint is read again",
-                    slot.key.decode(),
-                    self.slot_identity.key.decode(),
-                )
-            self.slot_identity = slot
-            self.sink.become_transactional(transactional_id(s, server.system_id))
-            self.sink.ensure_compacted_topic(s.checkpoint_topic)
-            self._checkpoint_stale = True
-        if self._checkpoint_stale:
-            try:
-                self.checkpoint = read_checkpoint(s, slot.key, s.startup_timeout)
-            except SinkError as exc:
-                if first:
-                    raise
-                raise TransactionAbortedError(f"the checkpoint could not be read back: {exc}") from exc
-            self._checkpoint_stale = False
-            log.info(
-                "exactly-once: transactional id %s, checkpoint %s in %s under %s",
-                self.sink.transactional_id,
-                format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "none yet",
-                s.checkpoint_topic,
-                slot.key.decode(),
-            )
-        bound = self.checkpoint.holds(server) if self.checkpoint else SkipBound(0)
-        if bound.note:
-            log.warning("exactly-once: %s", bound.note)
-        self._skip_below = bound.lsn
-        self._skipping = False
-        self._kafka_safe_lsn = self.tracker.confirmed_lsn
-
-    def _begin_source_transaction(self, commit_lsn: int) -> None:
-        """A Begin: skip the source transaction when a committed Kafka transaction holds it, else make sure
-        a Kafka transaction is open for its events."""
-        self._skipping = commit_lsn < self._skip_below
-        if self._skipping:
-            self.skipped_transactions += 1
-        elif not self.ktx.open:
-            # Nothing is in the new transaction yet: all that is confirmable now stays so.
-            self._kafka_safe_lsn = max(self._kafka_safe_lsn, self.tracker.confirmed_lsn)
-            try:
-                self.sink.begin_transaction()
-            except KafkaException as exc:
-                self._abort_kafka(self._classify(exc, "begin"))
-            self.ktx.begun(time.monotonic())
-
-    def _commit_kafka(self) -> None:
-        """The checkpoint record, then the commit; retried while Kafka says it may be, keeping the slot's
-        connection alive. What cannot commit is aborted (TransactionAbortedError: the stream restarts from
-        the checkpoint); a fenced producer ends the run."""
-        ktx, s = self.ktx, self.settings
-        checkpoint = None
-        if ktx.events:
-            server, slot = self.server, self.slot_identity
-            assert server is not None and slot is not None  # set before the first Kafka transaction began
-            checkpoint = Checkpoint(ktx.last_end_lsn, ktx.last_commit_us, server.system_id, server.timeline)
-            value = checkpoint.encode(slot, database=database_of(s))
-            self.sink.produce_checkpoint(s.checkpoint_topic, slot.key, value, self._keep_alive)
-        deadline = time.monotonic() + s.delivery_timeout
-        if self._stop:  # stopping: within shutdown_timeout
-            deadline = min(deadline, time.monotonic() + self._shutdown_left())
-        while True:
-            try:
-                self.sink.commit_transaction(COMMIT_WAIT)
-                break
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                retry = isinstance(err, KafkaError) and err.retriable() and not err.txn_requires_abort()
-                if retry and time.monotonic() < deadline:
-                    self._keep_alive()
-                    continue
-                self._abort_kafka(self._classify(exc, "commit"))
-        ktx.open = False
-        self.sink.poll(0)  # the delivery reports of what was committed: the watermark moves
-        self.kafka_commits += 1
-        if checkpoint is not None:
-            self.checkpoint = checkpoint
-        self._kafka_safe_lsn = max(self._kafka_safe_lsn, ktx.last_end_lsn)
-
-    def _classify(self, exc: KafkaException, what: str) -> DeliveryError:
-        ktx = self.ktx
-        return classify(
-            exc,
-            what,
-            self.sink.transactional_id or "",
-            open_for=time.monotonic() - ktx.started if ktx.open else None,
-            timeout_ms=self.sink.transaction_timeout_ms,
-        )
-
-    def _drop_kafka_transaction(self) -> None:
-        """Forget the open Kafka transaction (aborted, or lost with its producer): its records are
-        acknowledged but will never be read (read_committed), so the watermark goes back to what may be
-        confirmed, what committed transactions cover."""
-        confirmable = self._confirmable()
-        if self.ktx.open:
-            self.ktx.open = False
-            self.kafka_aborts += 1
-        self.tracker = AckTracker(confirmable, latency=self.latency)
-        self._txn = None
-
-    def _abort_kafka(self, reason: DeliveryError) -> NoReturn:
-        """Abort the open Kafka transaction, then raise ``reason``."""
-        self._drop_kafka_transaction()
-        if isinstance(reason, ProducerFencedError):
-            raise reason
-        try:
-            self.sink.abort_transaction(self.settings.delivery_timeout)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() in FENCED:
-                raise self._classify(exc, "abort") from exc
-            log.warning("could not abort the Kafka transaction (%s): a new producer replaces it", exc)
-            self.sink.reset()
-        raise reason
-
-    def _shrink_batches_mid_transaction(self, topic: str, limit: int) -> NoReturn:
-        """A topic takes smaller batches than the producer makes: a new producer is needed, and the open
-        Kafka transaction cannot move to it. Abort it, then restart from the checkpoint."""
-        if self.ktx.open:
-            try:
-                self.sink.abort_transaction(self.settings.delivery_timeout)
-            except KafkaException as exc:
-                log.debug("aborting before a new producer: %s", exc)
-        self._drop_kafka_transaction()
-        self.sink.shrink_batches(limit)
-        raise TransactionAbortedError(f"topic {topic} takes smaller batches, so the producer was replaced")
-
-    def _restart_from_checkpoint(self, exc: TransactionAbortedError, backoff: Backoff) -> None:
-        self._close_source()
-        # A commit taken for failed may have gone through: a new producer's init_transactions() makes the
-        # coordinator finish it. What Kafka holds decides what is published again, not what we believe.
-        self._checkpoint_stale = True
-        delay = backoff.next_delay()
-        log.warning(
-            "%s; aborted it, restarting in %.1f s from the checkpoint that Kafka holds then (%s before)",
-            exc,
-            delay,
-            format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "none",
-        )
-        if self.sink.fatal_error is not None:
-            self.sink.reset()
-        self._sleep(delay)
-
-    def _end_kafka_transaction(self) -> None:
-        """Before the source goes (a lost connection, a replay, a stop): commit the open Kafka transaction
-        when it holds whole source transactions only, else abort it."""
-        if not self.ktx.open:
-            return
-        if self._txn is None and self.tracker.failure is None and self.sink.fatal_error is None:
-            self._commit_kafka()
-            return
-        self._abort_kafka(TransactionAbortedError("a source transaction was cut short"))
-
     def _replay_after_refusal(self, exc: DeliveryRefusedError) -> None:
         """Kafka refused records and the producer stopped before anything went behind them: replay from
         the slot with a new producer; the refused records are produced alone, and the one Kafka refuses
@@ -541,23 +283,6 @@ class Lifecycle(Delivery):
             exc,
             self.refusal_replays,
         )
-
-    def _drain_after_loss(self) -> None:
-        """After losing the source: let Kafka finish what it has, so the restarted stream's replays come
-        after, not interleaved with, the first copies (per-aggregate order across reconnects)."""
-        left = self.sink.flush(self.settings.shutdown_timeout)
-        if left:
-            raise DeliveryError(
-                f"{left} events still unacknowledged {self.settings.shutdown_timeout:g} s after "
-                "losing PostgreSQL; stopping",
-                lsn=self.tracker.confirmed_lsn,
-            )
-
-    def _close_source(self) -> None:
-        source, self._source = self._source, None
-        if source is not None:
-            self._last_walsender = source.backend_pid
-            source.close()
 
     def _shutdown(self) -> None:
         """Stop reading, wait (bounded) for what is in flight, confirm what was acknowledged, close."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from cdc.avro.encoder import confluent_header
 from cdc.errors import (
@@ -44,7 +43,7 @@ from cdc.stream.messages import (
     Values,
 )
 from cdc.stream.pgoutput import decode, decode_copy_data, decode_insert_tuple
-from cdc.stream.route import MESSAGE_PREFIX, RowFields, event_from_fields, parse_headers
+from cdc.stream.route import MESSAGE_PREFIX, Route, RowFields, event_from_fields, parse_headers
 from cdc.stream.sink import Headers, ProducerStoppedError
 from cdc.stream.source import ReplicationSource
 from cdc.stream.waits import STATUS_MIN_INTERVAL, StopRequested
@@ -53,9 +52,6 @@ log = logging.getLogger("cdc.pipeline")
 
 READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
 
-# (topic, bound encoder, metric series, record limit): the series is the topic, or OTHER_TOPICS past
-# MAX_TOPIC_SERIES; the limit is set when the topic takes less than the producer may send.
-Route = tuple[str, Callable[[bytes], bytes], str, int | None]
 # The route cache and the metric series are keyed by values the rows bring: bounded, so that a stream of new
 # aggregate types (a bug upstream, or an allow-list left off) cannot grow the process without end.
 MAX_ROUTES = 10_000

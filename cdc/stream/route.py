@@ -31,6 +31,10 @@ from cdc.stream.pgoutput import UNCHANGED_TOAST, Relation, Values
 log = logging.getLogger("cdc.route")
 
 MESSAGE_PREFIX = "outbox"
+# What the pipeline caches per (aggregate type, event type, version): (topic, bound encoder, metric series,
+# record limit); the series is the topic, or one for all past a bound; the limit is set when the topic takes
+# less than the producer may send.
+Route = tuple[str, Callable[[bytes], bytes], str, int | None]
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 MAX_TOPICS = 10_000  # the topic cache is keyed by the rows' free text: bounded
 REQUIRED = ("id", "aggregate_type", "aggregate_id", "event_type", "payload")

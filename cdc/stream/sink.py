@@ -16,14 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-
-# NewTopic lives in confluent_kafka.admin at run time; its stubs just do not re-export it.
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AdminClient,
-    ConfigResource,
-    NewTopic,
-    ResourceType,
-)
+from confluent_kafka.admin import AdminClient
 
 from cdc.config import TRANSACTION_TIMEOUT_MS, Settings
 from cdc.errors import (
@@ -32,10 +25,10 @@ from cdc.errors import (
     DeliveryError,
     EventTooLargeError,
     SinkError,
-    TopicMissingError,
 )
 from cdc.logs import kafka_log
 from cdc.stream.refusals import safe_batch_size, worst_case_size
+from cdc.stream.topics import Topics, kafka_reason
 
 log = logging.getLogger("cdc.sink")
 Headers = list[tuple[str, str | bytes | None]]
@@ -61,8 +54,6 @@ FIXED_PRODUCER_CONFIG: dict[str, Any] = {
 # Below this many bytes a topic's max.message.bytes may refuse what the producer sends: its records are
 # checked before they are produced, and the producer's batches are made to fit it.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
-# Seconds a topic just created may stay unknown to DescribeConfigs while its metadata propagates.
-TOPIC_PROPAGATION = 10.0
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
@@ -113,7 +104,7 @@ def admin_config(settings: Settings) -> dict[str, Any]:
     return conf
 
 
-class KafkaSink:
+class KafkaSink(Topics):
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self.fatal_error: KafkaError | None = None
@@ -197,7 +188,7 @@ class KafkaSink:
         except KafkaException as exc:
             raise BrokerUnreachableError(
                 f"Kafka did not initialise transactional id {self.transactional_id!r} within {timeout:g} s "
-                f"({_kafka_reason(exc)}): exactly-once delivery needs a broker with transactions "
+                f"({kafka_reason(exc)}): exactly-once delivery needs a broker with transactions "
                 "(transaction.state.log.* settings) and the TransactionalId Write permission"
             ) from exc
 
@@ -215,15 +206,6 @@ class KafkaSink:
         """The checkpoint record, into the open transaction; a full queue is waited on as for events."""
         self.produce(topic, key, value, [], 0, None, waiting)
 
-    def ensure_compacted_topic(self, topic: str) -> None:
-        """The checkpoint topic: one partition, compacted (one record per slot is what is kept)."""
-        if topic in self._known_topics:
-            return
-        metadata = self._metadata(topic)
-        if metadata is None or metadata.error is not None:
-            self._create_topic(topic, partitions=1, config={"cleanup.policy": "compact"})
-        self._known_topics.add(topic)
-
     def poll(self, timeout: float) -> int:
         """Serve delivery reports. A fatal producer error (a refused batch under the gapless guarantee)
         comes as an exception from poll(): it is kept in ``fatal_error`` for the pipeline to act on."""
@@ -234,7 +216,7 @@ class KafkaSink:
             if isinstance(err, KafkaError) and err.fatal():
                 self._fatal(err)
                 return 0
-            raise DeliveryError(f"Kafka producer: {_kafka_reason(exc)}") from exc
+            raise DeliveryError(f"Kafka producer: {kafka_reason(exc)}") from exc
         except SystemError as exc:
             # confluent-kafka serving a delivery report while the fatal error is pending: the same event.
             cause = exc.__cause__
@@ -248,52 +230,6 @@ class KafkaSink:
         if self.fatal_error is None:
             self.fatal_error = err
             log.error("Kafka producer stopped: %s", err.str())
-
-    def check_broker(self, timeout: float) -> None:
-        """Refuse to start when Kafka does not answer (guarantee: never produce into the void)."""
-        try:
-            metadata = self._admin.list_topics(timeout=timeout)
-        except KafkaException as exc:
-            raise BrokerUnreachableError(
-                f"Kafka at {self._settings.kafka.bootstrap_servers} did not answer within {timeout:g} s "
-                f"({_kafka_reason(exc)}). Check kafka.bootstrap_servers (CDC_KAFKA_BOOTSTRAP_SERVERS) and "
-                "that the broker is up"
-            ) from exc
-        self._known_topics.update(metadata.topics)
-
-    def ensure_topic(self, topic: str) -> None:
-        """Make sure ``topic`` exists: known, found in metadata, or created. Raises TopicMissingError when
-        it is absent and creating topics is switched off."""
-        if topic in self._known_topics:
-            return
-        found = self._metadata(topic)
-        if found is not None and found.error is None:
-            risk = replication_risk(topic, found)
-            if risk is not None:
-                log.log(*risk)
-            self._known_topics.add(topic)
-            return
-        if not self._settings.create_topics:
-            raise TopicMissingError(
-                f"topic '{topic}' does not exist and create_topics is off: create it, or set "
-                "create_topics = true; the event waits until then"
-            )
-        self._create_topic(topic)
-        self._known_topics.add(topic)
-
-    def _metadata(self, topic: str) -> Any:
-        """The topic's metadata, or None when Kafka does not know it."""
-        try:
-            return self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-        except KafkaException as exc:
-            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {_kafka_reason(exc)}") from exc
-
-    def record_limit(self, topic: str) -> int | None:
-        """The most bytes a record for ``topic`` may take, when the topic's ``max.message.bytes`` is below
-        what the producer may send; None when the producer's own limit is the tighter one."""
-        if topic not in self._limits:
-            self._limits[topic] = self._read_limit(topic)
-        return self._limits[topic]
 
     def batches_fit(self, limit: int) -> bool:
         """Whether the producer's batches fit a topic that takes ``limit`` bytes at most."""
@@ -310,63 +246,6 @@ class KafkaSink:
         )
         self._conf["batch.size"] = size
         self._replace_producer()
-
-    def _read_limit(self, topic: str) -> int | None:
-        if self._limits_unreadable:
-            return None
-        try:
-            limit = int(self._describe_topic(topic)["max.message.bytes"].value)
-        except (KafkaException, KeyError, ValueError, TypeError) as exc:
-            # Without DescribeConfigs rights the limit is found the hard way: a refusal, then a replay.
-            self._limits_unreadable = True
-            log.warning(
-                "cannot read topic %s's max.message.bytes (%s): records are not checked against topic "
-                "limits before they are sent",
-                topic,
-                _kafka_reason(exc) if isinstance(exc, KafkaException) else exc,
-            )
-            return None
-        return None if worst_case_size(self.message_max_bytes) <= limit else limit
-
-    def _describe_topic(self, topic: str) -> Any:
-        """The topic's configuration. A topic created a moment ago may be unknown to the broker that answers
-        until its metadata has propagated: asked again for up to TOPIC_PROPAGATION seconds."""
-        resource = ConfigResource(ResourceType.TOPIC, topic)
-        deadline = time.monotonic() + TOPIC_PROPAGATION
-        while True:
-            try:
-                return self._admin.describe_configs([resource], request_timeout=10)[resource].result(
-                    timeout=15
-                )
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                unknown = isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                if not unknown or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.2)
-
-    def _create_topic(self, topic: str, partitions: int = 0, config: dict[str, str] | None = None) -> None:
-        s = self._settings
-        new = NewTopic(
-            topic,
-            num_partitions=partitions or s.topic_partitions,
-            replication_factor=s.topic_replication_factor,
-            config=config or {},
-        )
-        try:
-            self._admin.create_topics([new], operation_timeout=30)[topic].result(timeout=60)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                return
-            raise SinkError(f"cannot create topic '{topic}': {_kafka_reason(exc)}") from exc
-        log.info(
-            "created topic %s (%d partitions, replication factor %d%s)",
-            topic,
-            partitions or s.topic_partitions,
-            s.topic_replication_factor,
-            "".join(f", {k}={v}" for k, v in (config or {}).items()),
-        )
 
     def produce(
         self,
@@ -457,26 +336,6 @@ class KafkaSink:
             log.warning("Kafka: %s (librdkafka retries with backoff)", err.str())
 
 
-def replication_risk(topic: str, metadata: Any) -> tuple[int, str] | None:
-    """(log level, line) when the topic's metadata says acknowledged events are at risk: partitions with
-    fewer in-sync replicas than replicas (WARNING: a leader failure there may take acknowledged records with
-    it), or a single replica (INFO: fine on a development stack, not in production). None otherwise."""
-    partitions = list(metadata.partitions.values())
-    short = sorted(p.id for p in partitions if len(p.isrs) < len(p.replicas))
-    if short:
-        return logging.WARNING, (
-            f"topic {topic} is under-replicated: partition(s) {', '.join(map(str, short))} have fewer "
-            "in-sync replicas than replicas, so an acknowledged event there is on fewer brokers than the "
-            "topic promises"
-        )
-    if partitions and all(len(p.replicas) == 1 for p in partitions):
-        return logging.INFO, (
-            f"topic {topic} has a single replica: an acknowledged event there is lost with its broker's disk "
-            "(production needs replication factor 3 and min.insync.replicas = 2)"
-        )
-    return None
-
-
 def _produce_error(topic: str, exc: KafkaException) -> CdcError:
     """A record the producer refuses before sending: too large is the event's fault (dead-letter topic),
     anything else stops the pipeline."""
@@ -485,13 +344,8 @@ def _produce_error(topic: str, exc: KafkaException) -> CdcError:
         return EventTooLargeError(f"the record for '{topic}' is larger than the producer's message.max.bytes")
     if isinstance(err, KafkaError) and err.code() == KafkaError._FATAL:
         return ProducerStoppedError(f"cannot produce to '{topic}': the producer stopped ({err.str()})")
-    return DeliveryError(f"cannot produce to '{topic}': {_kafka_reason(exc)}")
+    return DeliveryError(f"cannot produce to '{topic}': {kafka_reason(exc)}")
 
 
 class ProducerStoppedError(DeliveryError):
     """produce() after the producer stopped on a fatal error: the pipeline looks at why (a refusal?)."""
-
-
-def _kafka_reason(exc: KafkaException) -> str:
-    err = exc.args[0] if exc.args else None
-    return err.str() if isinstance(err, KafkaError) else str(exc)

@@ -36,6 +36,7 @@ from cdc.stream.transactions import KafkaTransaction
 log = logging.getLogger("cdc.pipeline")
 
 STATUS_MIN_INTERVAL = 0.1  # seconds between status updates that only report a moved watermark
+SHUTDOWN_RESERVE = 5.0  # seconds of shutdown_timeout kept for confirming and closing after Kafka's waits
 _T = TypeVar("_T")
 
 
@@ -74,6 +75,7 @@ class Waits:
     _flood: DeadLetterFloodError | None
     delivery_errors: int
     _stop: bool
+    _stop_at: float | None  # monotonic time of the stop request
     _source: ReplicationSource | None
     _received: int  # the highest WAL position read from the stream
     _sent_confirmed: int
@@ -101,6 +103,20 @@ class Waits:
         if acked != self._acked_seen:
             self._acked_seen = acked
             self.last_ack_at = now
+
+    def request_stop(self) -> None:
+        """Ask the pipeline to stop reading and shut down gracefully (safe to call from a signal handler).
+        The shutdown's waits fit in shutdown_timeout from now, with SHUTDOWN_RESERVE left to confirm."""
+        if not self._stop:
+            self._stop_at = time.monotonic()
+        self._stop = True
+
+    def _shutdown_left(self) -> float:
+        """Seconds the shutdown may still wait for Kafka: shutdown_timeout from the stop request (or from
+        now), less what confirming and closing needs."""
+        timeout = self.settings.shutdown_timeout
+        start = self._stop_at if self._stop_at is not None else time.monotonic()
+        return max(0.0, start + timeout - min(SHUTDOWN_RESERVE, timeout / 3) - time.monotonic())
 
     def _confirmable(self) -> int:
         """What may be confirmed to the slot: the acknowledged watermark, and with exactly-once delivery no

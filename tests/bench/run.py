@@ -47,7 +47,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.ops import setup as cdc_setup
 from tests.bench import db
 from tests.bench.latency import LatencyConsumer, per_second, percentiles

@@ -377,7 +377,7 @@ def one_run(n: int, timing: str, args: argparse.Namespace) -> RunResult:
         plan = [(keys[i % len(keys)], i // len(keys)) for i in range(args.records)]
 
         if args.through_sink:
-            from cdc.config import load_settings
+            from cdc.config_loader import load_settings
             from cdc.stream.sink import KafkaSink
 
             overrides: dict[str, Any] = {"topic_partitions": args.partitions}

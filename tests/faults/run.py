@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.consumer import EventDeserializer
 from cdc.errors import format_lsn, parse_lsn
 from cdc.ops import setup as cdc_setup

@@ -34,7 +34,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cdc.config import Settings, load_settings
+from cdc.config import Settings
+from cdc.config_loader import load_settings
 from cdc.errors import parse_lsn
 from tests.plugins.kafka import Record, delete_topics, read_topic
 from tests.plugins.proxy import KafkaProxy

@@ -17,10 +17,10 @@ from cdc.config import (
     Settings,
     TableRef,
     describe_dsn,
-    load_settings,
     redact_dsn,
     validate_kafka_config,
 )
+from cdc.config_loader import load_settings
 from cdc.errors import ConfigError
 
 DSN = "postgresql://cdc@localhost:5432/app"

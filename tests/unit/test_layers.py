@@ -126,3 +126,27 @@ def test_imports_downward_and_within_a_wing_are_allowed() -> None:
     text += "from cdc.stream.sink import KafkaSink\n"
     assert upward_imports("cdc.ops.dlq", text) == []
     assert upward_imports("cdc.consumer", "from cdc.consumer.batches import x\n", package=True) == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere: module level, functions, TYPE_CHECKING)."""
+    graph: dict[str, set[str]] = {}
+    for path in modules():
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = {target for _, target in imports_of(path.read_text(encoding="utf-8"), package)} - {name}
+    return graph
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A circle of two (config <-> config_loader, pipeline <-> lifecycle, sink <-> transactions were three)
+    means one concept split in two files, or one in the wrong place. A package's __init__ re-exporting its
+    modules is no circle."""
+    graph = import_graph()
+    circles = sorted(
+        f"{a} <-> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if a < b and a in graph.get(b, set()) and not (a.startswith(b + ".") or b.startswith(a + "."))
+    )
+    assert circles == []

@@ -38,7 +38,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.ops import setup as cdc_setup
 from tests.bench import db
 from tests.bench.debezium import config as dbz

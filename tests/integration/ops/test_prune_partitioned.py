@@ -10,7 +10,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cdc.config import TableRef, load_settings
+from cdc.config import TableRef
+from cdc.config_loader import load_settings
 from cdc.consumer import processed
 from cdc.ops import retention
 

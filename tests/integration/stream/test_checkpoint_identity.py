@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from cdc.ops import setup as cdc_setup
-from cdc.stream.source import slot_identity
+from cdc.stream.preflight import slot_identity
 from cdc.stream.transactions import read_checkpoint
 from tests.integration.stream.test_exactly_once import ids, read_all
 from tests.plugins.pgcluster import extra_cluster, standby_pair

@@ -259,7 +259,7 @@ class _NoRegistry:
 
 def test_register_refuses_before_anything_reaches_the_registry(tmp_path: Path) -> None:
     from cdc.avro.catalog import register_schemas
-    from cdc.config import load_settings
+    from cdc.config_loader import load_settings
     from cdc.errors import ConfigError
 
     root = write(

@@ -9,7 +9,7 @@ import pytest
 from psycopg import sql
 
 from cdc.cli.recovery import parse_time
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.errors import ConfigError
 from cdc.ops.republish import RowFilter, _where
 

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.errors import ConfigError
 from cdc.ops.retention import parse_duration, prune
 

@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from cdc.cli import main
-from cdc.config import TableRef, load_settings
+from cdc.config import TableRef
+from cdc.config_loader import load_settings
 from cdc.errors import ConfigError
 from cdc.ops.setup import render
 from cdc.stream.source import pgoutput_options

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.stream.failover import several_hosts
 from cdc.stream.heartbeat import Heartbeat
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.errors import AggregateTypeNotAllowedError, InvalidTopicError
 from cdc.stream import pipeline as pipeline_module
 from cdc.stream import route as route_module

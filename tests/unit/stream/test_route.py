@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError
 from cdc.stream.pgoutput import UNCHANGED_TOAST, Column, Relation
 from cdc.stream.route import EventRouter, event_from_fields

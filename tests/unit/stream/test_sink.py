@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import logging
 
-from cdc.config import load_settings
-from cdc.stream.sink import admin_config, producer_config, replication_risk
+from cdc.config_loader import load_settings
+from cdc.stream.sink import admin_config, producer_config
+from cdc.stream.topics import replication_risk
 from cdc.stream.waits import Backoff
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.errors import ConfigError
 from cdc.stream.pipeline import Pipeline
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from cdc.config import load_settings
+from cdc.config_loader import load_settings
 from cdc.errors import ProducerFencedError, TransactionAbortedError
 from cdc.stream.identity import SlotIdentity
 from cdc.stream.transactions import (

@@ -1,0 +1,208 @@
+"""Before streaming: the checks that make a refusal plain and touch nothing, on an ordinary connection
+(``wal_level``, the role's right to stream, the slot, the publication, a recover that did not finish), and
+the other ordinary-connection business of the stream's slot (its identity, ending our own silent
+walsender).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cdc.config import Settings
+from cdc.errors import (
+    PublicationError,
+    SlotActiveError,
+    SlotInvalidatedError,
+    SlotMissingError,
+    SourceConnectionError,
+    StartupRefusal,
+    WalLevelError,
+    parse_lsn,
+)
+from cdc.pg import DEFAULT_QUERY_TIMEOUT, connect
+from cdc.stream import failover as failover_slots
+from cdc.stream.identity import SlotIdentity
+from cdc.stream.progress import check_not_recovering, read_position
+from cdc.stream.source import quote_ident, scalar, server_identity
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """What the pre-flight checks found: the slot's positions and the server."""
+
+    slot: str
+    confirmed_flush_lsn: int
+    restart_lsn: int
+    wal_status: str | None
+    server_version: int
+    # A failover slot (PostgreSQL 17+), synchronized to the standbys that are set up for it.
+    failover: bool = False
+    # Where `cdc setup` or `cdc recover` created it (cdc_checkpoint); None for a slot of an older setup.
+    created_lsn: int | None = None
+
+
+def check_wal_level(conn: psycopg.Connection[Any]) -> None:
+    """Refuse, with the fix, when the server cannot do logical decoding."""
+    wal_level = scalar(conn, "SHOW wal_level")
+    if wal_level != "logical":
+        raise WalLevelError(
+            f"PostgreSQL runs with wal_level = '{wal_level}', logical decoding needs 'logical'. Fix: run "
+            "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)"
+        )
+
+
+def preflight(
+    dsn: str,
+    *,
+    slot: str,
+    publication: str,
+    table: tuple[str, str],
+    check_failover: bool = False,
+    checkpoint_table: str | None = None,
+    timeout: float | None = None,
+) -> SlotInfo:
+    """Refuse plainly, before streaming, when the database cannot stream the outbox safely. With
+    ``checkpoint_table``, also when a `cdc recover` of the slot did not finish. ``timeout``: each wait for
+    the server (query_timeout)."""
+    with connect(dsn, timeout=timeout or DEFAULT_QUERY_TIMEOUT) as conn:
+        server_version = conn.info.server_version
+        check_wal_level(conn)
+        user, may_stream = conn.execute(
+            "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() or ("?", False)
+        if not may_stream:
+            raise StartupRefusal(
+                f"role '{user}' may not stream: it lacks the REPLICATION attribute. Fix: ALTER ROLE "
+                f"{quote_ident(user)} REPLICATION; or connect as the role that `cdc setup --role` creates"
+            )
+        dbname = conn.info.dbname
+        # PostgreSQL 17 names why a slot was invalidated, marks failover slots, and the copies of them that a
+        # standby keeps in sync (which cannot be streamed from before a promotion).
+        extra = (
+            ", invalidation_reason, failover, synced AND pg_is_in_recovery()"
+            if server_version >= 170000
+            else ", NULL, false, false"
+        )
+        row = conn.execute(
+            "SELECT plugin, slot_type, database, active, active_pid, wal_status,"
+            f" confirmed_flush_lsn::text, restart_lsn::text{extra}"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+        if row is None:
+            raise SlotMissingError(
+                f"replication slot '{slot}' does not exist. A first start: create it with `cdc setup`. "
+                "A lost slot: run `cdc recover`, which republishes from the outbox table what the old one "
+                "had not delivered and re-creates it. It is never created automatically, because a new slot "
+                "starts at the current WAL position and would skip every event committed since the old one "
+                "was lost"
+            )
+        (
+            plugin,
+            slot_type,
+            database,
+            active,
+            active_pid,
+            wal_status,
+            confirmed,
+            restart,
+            reason,
+            failover,
+            synced_copy,
+        ) = row
+        if slot_type != "logical" or plugin != "pgoutput":
+            raise StartupRefusal(
+                f"replication slot '{slot}' is a {slot_type} slot of plugin {plugin!r}; "
+                "outbox CDC needs a logical slot of plugin 'pgoutput'"
+            )
+        if database != dbname:
+            raise StartupRefusal(
+                f"replication slot '{slot}' belongs to database '{database}', "
+                f"but the pipeline connects to '{dbname}': fix database_url or slot"
+            )
+        if wal_status == "lost" or restart is None or reason is not None:
+            why = f"invalidation_reason = {reason}" if reason else "wal_status = lost"
+            raise SlotInvalidatedError(
+                f"replication slot '{slot}' was invalidated by PostgreSQL ({why}): the changes it "
+                f"held are gone and events may be missing (confirmed LSN {confirmed or 'unknown'}). Run "
+                "`cdc recover`: it republishes from the outbox table what the slot had not delivered and "
+                "re-creates it"
+            )
+        if synced_copy:
+            raise SourceConnectionError(
+                f"the server is a standby and slot '{slot}' is its synchronized copy of the primary's, "
+                "which cannot be streamed from before a promotion. "
+                "Connect to the primary (a multi-host database_url with target_session_attrs=read-write "
+                "follows a promotion)"
+            )
+        if active:
+            raise SlotActiveError(
+                f"replication slot '{slot}' is in use by another process (pid {active_pid}); "
+                "only one pipeline may stream from a slot. Stop the other one first",
+                pid=active_pid,
+            )
+        created_lsn = None
+        if checkpoint_table is not None:
+            saved = check_not_recovering(conn, checkpoint_table, slot)
+            created_lsn = None if saved is None else saved.slot_created_lsn
+        if scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)) == 0:
+            raise PublicationError(f"publication '{publication}' does not exist; create it with `cdc setup`")
+        via_root = scalar(
+            conn,
+            "SELECT p.pubviaroot FROM pg_publication p, pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s AND n.nspname = %s"
+            " AND c.relname = %s AND c.relkind = 'p'",
+            (publication, table[0], table[1]),
+        )
+        if via_root is False:
+            raise PublicationError(
+                f"{table[0]}.{table[1]} is partitioned, and publication '{publication}' publishes its "
+                "inserts under the partitions' names, which the pipeline does not know. Fix: ALTER "
+                f"PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true); "
+                "(`cdc setup` does it)"
+            )
+        covered = scalar(
+            conn,
+            "SELECT count(*) FROM pg_publication_tables t JOIN pg_publication p ON p.pubname = t.pubname "
+            "WHERE t.pubname = %s AND t.schemaname = %s AND t.tablename = %s AND p.pubinsert",
+            (publication, table[0], table[1]),
+        )
+        if covered == 0:
+            raise PublicationError(
+                f"publication '{publication}' does not publish inserts of {table[0]}.{table[1]}. Fix: "
+                f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {quote_ident(table[0])}."
+                f"{quote_ident(table[1])}, or correct the 'table' setting"
+            )
+        if check_failover:
+            failover_slots.warn_at_start(conn, dsn, slot)
+    return SlotInfo(
+        slot=slot,
+        confirmed_flush_lsn=parse_lsn(confirmed) if confirmed else 0,
+        restart_lsn=parse_lsn(restart) if restart else 0,
+        wal_status=wal_status,
+        server_version=server_version,
+        failover=bool(failover),
+        created_lsn=created_lsn,
+    )
+
+
+def end_walsender(dsn: str, pid: int, timeout: float) -> bool:
+    """Terminate our own walsender of a connection that went silent: the server would keep it, and the
+    slot with it, until wal_sender_timeout. A role may end its own backends. True when it was ended."""
+    with connect(dsn, timeout=timeout) as conn:
+        row = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE pid = %s", (pid,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def slot_identity(settings: Settings) -> SlotIdentity:
+    """The slot's identity as `cdc run` keys its exactly-once checkpoint: the server's system identifier,
+    the slot's name, and where `cdc setup` or `cdc recover` created it."""
+    server = server_identity(settings.database_url, settings.query_timeout)
+    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
+        saved = read_position(conn, settings)
+    return SlotIdentity(server.system_id, settings.slot, None if saved is None else saved.slot_created_lsn)

@@ -1,0 +1,180 @@
+"""Kafka's topics as the pipeline needs them: there before anything is produced into them (found, or
+created when ``create_topics`` is on), their record limit known (``max.message.bytes``, so that a record it
+would refuse is dead-lettered before it is sent), their replication checked once (a warning when acknowledged
+events are at risk), and the compacted checkpoint topic of exactly-once delivery.
+
+A mixin of :class:`cdc.stream.sink.KafkaSink`, which holds the admin client and the producer's settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+# NewTopic lives in confluent_kafka.admin at run time; its stubs just do not re-export it.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from cdc.config import Settings
+from cdc.errors import BrokerUnreachableError, SinkError, TopicMissingError
+from cdc.stream.refusals import worst_case_size
+
+log = logging.getLogger("cdc.sink")
+
+# Seconds a topic just created may stay unknown to DescribeConfigs while its metadata propagates.
+TOPIC_PROPAGATION = 10.0
+
+
+class Topics:
+    """The topics' side of the sink (a mixin of :class:`cdc.stream.sink.KafkaSink`)."""
+
+    _settings: Settings
+    _admin: AdminClient
+    _known_topics: set[str]
+    _limits: dict[str, int | None]  # topic -> its record limit, None when it needs no check
+    _limits_unreadable: bool
+    message_max_bytes: int
+
+    def check_broker(self, timeout: float) -> None:
+        """Refuse to start when Kafka does not answer (guarantee: never produce into the void)."""
+        try:
+            metadata = self._admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise BrokerUnreachableError(
+                f"Kafka at {self._settings.kafka.bootstrap_servers} did not answer within {timeout:g} s "
+                f"({kafka_reason(exc)}). Check kafka.bootstrap_servers (CDC_KAFKA_BOOTSTRAP_SERVERS) and "
+                "that the broker is up"
+            ) from exc
+        self._known_topics.update(metadata.topics)
+
+    def ensure_topic(self, topic: str) -> None:
+        """Make sure ``topic`` exists: known, found in metadata, or created. Raises TopicMissingError when
+        it is absent and creating topics is switched off."""
+        if topic in self._known_topics:
+            return
+        found = self._metadata(topic)
+        if found is not None and found.error is None:
+            risk = replication_risk(topic, found)
+            if risk is not None:
+                log.log(*risk)
+            self._known_topics.add(topic)
+            return
+        if not self._settings.create_topics:
+            raise TopicMissingError(
+                f"topic '{topic}' does not exist and create_topics is off: create it, or set "
+                "create_topics = true; the event waits until then"
+            )
+        self._create_topic(topic)
+        self._known_topics.add(topic)
+
+    def _metadata(self, topic: str) -> Any:
+        """The topic's metadata, or None when Kafka does not know it."""
+        try:
+            return self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        except KafkaException as exc:
+            raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {kafka_reason(exc)}") from exc
+
+    def record_limit(self, topic: str) -> int | None:
+        """The most bytes a record for ``topic`` may take, when the topic's ``max.message.bytes`` is below
+        what the producer may send; None when the producer's own limit is the tighter one."""
+        if topic not in self._limits:
+            self._limits[topic] = self._read_limit(topic)
+        return self._limits[topic]
+
+    def _read_limit(self, topic: str) -> int | None:
+        if self._limits_unreadable:
+            return None
+        try:
+            limit = int(self._describe_topic(topic)["max.message.bytes"].value)
+        except (KafkaException, KeyError, ValueError, TypeError) as exc:
+            # Without DescribeConfigs rights the limit is found the hard way: a refusal, then a replay.
+            self._limits_unreadable = True
+            log.warning(
+                "cannot read topic %s's max.message.bytes (%s): records are not checked against topic "
+                "limits before they are sent",
+                topic,
+                kafka_reason(exc) if isinstance(exc, KafkaException) else exc,
+            )
+            return None
+        return None if worst_case_size(self.message_max_bytes) <= limit else limit
+
+    def _describe_topic(self, topic: str) -> Any:
+        """The topic's configuration. A topic created a moment ago may be unknown to the broker that answers
+        until its metadata has propagated: asked again for up to TOPIC_PROPAGATION seconds."""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        deadline = time.monotonic() + TOPIC_PROPAGATION
+        while True:
+            try:
+                return self._admin.describe_configs([resource], request_timeout=10)[resource].result(
+                    timeout=15
+                )
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                unknown = isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                if not unknown or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _create_topic(self, topic: str, partitions: int = 0, config: dict[str, str] | None = None) -> None:
+        s = self._settings
+        new = NewTopic(
+            topic,
+            num_partitions=partitions or s.topic_partitions,
+            replication_factor=s.topic_replication_factor,
+            config=config or {},
+        )
+        try:
+            self._admin.create_topics([new], operation_timeout=30)[topic].result(timeout=60)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return
+            raise SinkError(f"cannot create topic '{topic}': {kafka_reason(exc)}") from exc
+        log.info(
+            "created topic %s (%d partitions, replication factor %d%s)",
+            topic,
+            partitions or s.topic_partitions,
+            s.topic_replication_factor,
+            "".join(f", {k}={v}" for k, v in (config or {}).items()),
+        )
+
+    def ensure_compacted_topic(self, topic: str) -> None:
+        """The checkpoint topic: one partition, compacted (one record per slot is what is kept)."""
+        if topic in self._known_topics:
+            return
+        metadata = self._metadata(topic)
+        if metadata is None or metadata.error is not None:
+            self._create_topic(topic, partitions=1, config={"cleanup.policy": "compact"})
+        self._known_topics.add(topic)
+
+
+def replication_risk(topic: str, metadata: Any) -> tuple[int, str] | None:
+    """(log level, line) when the topic's metadata says acknowledged events are at risk: partitions with
+    fewer in-sync replicas than replicas (WARNING: a leader failure there may take acknowledged records with
+    it), or a single replica (INFO: fine on a development stack, not in production). None otherwise."""
+    partitions = list(metadata.partitions.values())
+    short = sorted(p.id for p in partitions if len(p.isrs) < len(p.replicas))
+    if short:
+        return logging.WARNING, (
+            f"topic {topic} is under-replicated: partition(s) {', '.join(map(str, short))} have fewer "
+            "in-sync replicas than replicas, so an acknowledged event there is on fewer brokers than the "
+            "topic promises"
+        )
+    if partitions and all(len(p.replicas) == 1 for p in partitions):
+        return logging.INFO, (
+            f"topic {topic} has a single replica: an acknowledged event there is lost with its broker's disk "
+            "(production needs replication factor 3 and min.insync.replicas = 2)"
+        )
+    return None
+
+
+def kafka_reason(exc: KafkaException) -> str:
+    err = exc.args[0] if exc.args else None
+    return err.str() if isinstance(err, KafkaError) else str(exc)

@@ -67,12 +67,12 @@ class BoundedConnection(psycopg.Connection[Any]):
 
 def connect(dsn: str, *, timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> psycopg.Connection[Any]:
     """An autocommit connection whose waits end after ``timeout`` seconds (None: only the kernel's
-    bound), its failure a SourceConnectionError."""
+    bound), connecting too, its failure a SourceConnectionError."""
     try:
         conn = BoundedConnection.connect(
             dsn,
             autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT,
+            connect_timeout=max(2, min(CONNECT_TIMEOUT, int(timeout or CONNECT_TIMEOUT))),
             **silence_params(dsn, timeout or DEFAULT_QUERY_TIMEOUT),
         )
     except psycopg.OperationalError as exc:

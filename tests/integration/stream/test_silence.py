@@ -148,9 +148,12 @@ def test_a_silent_broker_bounds_every_wait_and_the_stream_resumes_when_it_answer
         "CDC_DELIVERY_TIMEOUT": "5",
         "CDC_SHUTDOWN_TIMEOUT": "10",
         "CDC_METRICS_PORT": str(port),
+        "CDC_STARTUP_TIMEOUT": "90",  # a broker just started: its transaction coordinator may still load
     }
     proc = pipeline_process(**env)
     proc.wait_streaming()
+    if delivery == "exactly-once":
+        proc.wait_for_log(r"exactly-once: transactional id", 90)
     with Load(outbox):
         wait_until(lambda: get(port, "/readyz")[0] == 200, 60, "ready")
         time.sleep(1)

@@ -97,6 +97,13 @@ def connect_replication(dsn: str, *, silence: float) -> psycopg.Connection[Any]:
         raise SourceConnectionError(f"cannot open a replication connection: {first_line(exc)}") from exc
 
 
+def tracks_commit_timestamps(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server keeps each transaction's commit time (``track_commit_timestamp``): what
+    `cdc recover` chooses rows by, and `cdc outbox prune` notes."""
+    row = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
+    return bool(row and row[0])
+
+
 # Deletes the rows of the CTE ``old`` (``rel``: tableoid, ``tid``: ctid), which the statement locked. A ctid
 # names a row only within one partition: on a partitioned table (README, "Keeping the outbox small"), a
 # ``ctid = ANY`` alone also matches the young rows of other partitions at the same ctids, so the partition is

@@ -54,7 +54,7 @@ from cdc.errors import (
 )
 from cdc.ops.republish import Progress, RepublishResult, RowFilter, count_rows, republish
 from cdc.ops.status import forget_slot_checkpoint
-from cdc.pg import connect
+from cdc.pg import connect, tracks_commit_timestamps
 from cdc.stream.preflight import check_wal_level, slot_identity
 from cdc.stream.progress import SavedPosition, checkpoint_table, read_position
 from cdc.stream.source import quote_ident
@@ -80,7 +80,7 @@ class Plan:
 
     @property
     def rows_filter(self) -> RowFilter:
-        return RowFilter(committed_since=self.since) if self.by_commit else RowFilter(since=self.since)
+        return _rows(since=self.since, by_commit=self.by_commit)
 
     def describe(self) -> str:
         lines = [f"slot {self.slot}: {self.state}"]
@@ -117,7 +117,7 @@ def plan(
     """Look, change nothing: refuse with the reason, or say what recover would do."""
     with connect(settings.database_url, timeout=settings.query_timeout) as conn:
         check_wal_level(conn)
-        by_commit = _tracks_commit_times(conn)
+        by_commit = tracks_commit_timestamps(conn)
         if not by_commit and settings.columns.created_at is None:
             raise ConfigError(
                 "recover chooses rows by commit time, and track_commit_timestamp is off: turn it on "
@@ -145,8 +145,7 @@ def plan(
                     "republish from with --since"
                 )
             since = start - margin
-        chosen = RowFilter(committed_since=since) if by_commit else RowFilter(since=since)
-        rows = count_rows(conn, settings, chosen).rows
+        rows = count_rows(conn, settings, _rows(since=since, by_commit=by_commit)).rows
     if not accept_gap:
         check_not_pruned(saved, since, settings)
     return Plan(
@@ -160,6 +159,11 @@ def plan(
     )
 
 
+def _rows(*, since: datetime, by_commit: bool) -> RowFilter:
+    """Rows committed since ``since`` (commit timestamps), or, without them, created since."""
+    return RowFilter(committed_since=since) if by_commit else RowFilter(since=since)
+
+
 def check_not_pruned(saved: SavedPosition | None, since: datetime, settings: Settings) -> None:
     """Refuse when `cdc outbox prune` deleted rows committed at or after the start point: some of them the
     lost slot may not have delivered. Deletes by other means (DELETE, TRUNCATE) leave no mark."""
@@ -170,11 +174,6 @@ def check_not_pruned(saved: SavedPosition | None, since: datetime, settings: Set
             f"start point {_iso(since)}: rows the lost slot may not have delivered can be gone. Republish "
             "them from elsewhere, or re-run with --accept-gap to republish what is left"
         )
-
-
-def _tracks_commit_times(conn: psycopg.Connection[Any]) -> bool:
-    row = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
-    return bool(row and row[0])
 
 
 def _slot_state(conn: psycopg.Connection[Any], settings: Settings, saved: SavedPosition | None) -> str:

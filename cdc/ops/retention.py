@@ -18,7 +18,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import ConfigError
-from cdc.pg import DELETE_LOCKED, connect
+from cdc.pg import DELETE_LOCKED, connect, tracks_commit_timestamps
 from cdc.stream.progress import checkpoint_table
 
 log = logging.getLogger("cdc.retention")
@@ -118,8 +118,8 @@ def _delete_batch(
 
 def _commit_time(conn: psycopg.Connection[Any]) -> sql.SQL:
     """A row's commit time, where the server keeps it (track_commit_timestamp), else NULL."""
-    tracked = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
-    return sql.SQL("pg_xact_commit_timestamp(xmin)" if tracked and tracked[0] else "NULL::timestamptz")
+    tracked = tracks_commit_timestamps(conn)
+    return sql.SQL("pg_xact_commit_timestamp(xmin)" if tracked else "NULL::timestamptz")
 
 
 def drop_partitions(settings: Settings, older_than: timedelta) -> list[str]:

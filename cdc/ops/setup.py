@@ -18,7 +18,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import CdcError, ConfigError, StartupRefusal
-from cdc.pg import connect
+from cdc.pg import connect, tracks_commit_timestamps
 from cdc.stream.heartbeat import HEARTBEAT_TABLE, heartbeat_table
 from cdc.stream.preflight import check_wal_level
 from cdc.stream.progress import CHECKPOINT_TABLE, checkpoint_table, read_position
@@ -140,8 +140,7 @@ def _fill(match: re.Match[str], *, values: dict[str, str], path: Path) -> str:
 def warn_without_commit_timestamps(conn: psycopg.Connection[Any]) -> None:
     """`cdc recover` chooses what a lost slot may not have delivered by commit time: without it, only by
     created_at, which it cannot vouch for. Not a refusal: the pipeline itself does not need it."""
-    row = conn.execute("SELECT current_setting('track_commit_timestamp')::bool").fetchone()
-    if row is not None and not row[0]:
+    if not tracks_commit_timestamps(conn):
         log.warning(
             "track_commit_timestamp is off: should the slot ever be lost, `cdc recover` can choose the rows "
             "to republish only by created_at, and refuses without --accept-gap. Fix: ALTER SYSTEM SET "

@@ -92,6 +92,11 @@ CONNECTION_KEYS = (
     "client.",
     "socket.",
     "broker.address.",
+    "connections.max.",
+    "reconnect.",
+    "api.version.",
+    "metadata.recovery.",
+    "plugin.library.",  # a plugin may be what authenticates
 )
 
 

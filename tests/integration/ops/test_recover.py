@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -293,3 +294,26 @@ def test_recover_without_commit_timestamps_says_what_it_cannot_prove(outbox: Out
         done = cdc(env, "recover", "--yes", "--accept-gap")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "created (track_commit_timestamp is off)" in done.stdout
+
+
+def test_a_prune_between_the_plan_and_the_new_slot_is_seen_in_its_snapshot(outbox: Outbox, pipeline_process):
+    """The plan saw nothing pruned; a prune ran before recover created the slot. recover() reads the mark
+    again inside the new slot's snapshot, refuses, and drops the slot it made."""
+    from cdc.errors import RecoveryRefusedError
+    from cdc.ops import recover, retention
+
+    outbox.commit([outbox.event(f"p-{i}") for i in range(3)])
+    _published_and_confirmed(outbox, pipeline_process)
+    outbox.commit([outbox.event(f"late-{i}") for i in range(3)])  # committed, not delivered
+    outbox.conn.execute(
+        sql.SQL("UPDATE {} SET created_at = now() - interval '2 days'").format(sql.Identifier(outbox.table))
+    )
+    outbox.conn.execute("SELECT pg_drop_replication_slot(%s)", (outbox.slot,))
+    chosen = recover.plan(outbox.settings)
+    assert chosen.rows == 3 + 3  # duplicates within the margin
+    assert retention.prune(outbox.settings, timedelta(days=1)) == 6
+    with pytest.raises(RecoveryRefusedError, match="`cdc outbox prune` deleted outbox rows"):
+        recover.recover(outbox.settings, chosen)
+    assert outbox.slot_active_pid() is None
+    slots = outbox.conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (outbox.slot,))
+    assert slots.fetchone() is None, "the new slot was not dropped after the refusal"

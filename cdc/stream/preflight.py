@@ -1,11 +1,13 @@
 """Before streaming: the checks that make a refusal plain and touch nothing, on an ordinary connection
 (``wal_level``, the role's right to stream, the slot, the publication, a recover that did not finish), and
 the other ordinary-connection business of the stream's slot (its identity, ending our own silent
-walsender).
+walsender, or the walsender of a pipeline that is gone).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,11 @@ from cdc.stream import failover as failover_slots
 from cdc.stream.identity import SlotIdentity
 from cdc.stream.progress import check_not_recovering, read_position
 from cdc.stream.source import quote_ident, scalar, server_identity
+
+log = logging.getLogger("cdc.pipeline")
+
+# How long a stale walsender that was ended is given to let go of the slot.
+STALE_RELEASE_WAIT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +70,12 @@ def preflight(
     check_failover: bool = False,
     checkpoint_table: str | None = None,
     timeout: float | None = None,
+    silence: float | None = None,
 ) -> SlotInfo:
     """Refuse plainly, before streaming, when the database cannot stream the outbox safely. With
     ``checkpoint_table``, also when a `cdc recover` of the slot did not finish. ``timeout``: each wait for
-    the server (query_timeout)."""
+    the server (query_timeout). With ``silence`` (source_silence_timeout), a walsender of our own role that
+    holds the slot and has heard nothing from its client for longer is ended rather than refused."""
     with connect(dsn, timeout=timeout or DEFAULT_QUERY_TIMEOUT) as conn:
         server_version = conn.info.server_version
         check_wal_level(conn)
@@ -138,6 +147,8 @@ def preflight(
                 "Connect to the primary (a multi-host database_url with target_session_attrs=read-write "
                 "follows a promotion)"
             )
+        if active and silence is not None and _end_stale_walsender(conn, slot, active_pid, silence):
+            active = False
         if active:
             raise SlotActiveError(
                 f"replication slot '{slot}' is in use by another process (pid {active_pid}); "
@@ -187,6 +198,51 @@ def preflight(
         failover=bool(failover),
         created_lsn=created_lsn,
     )
+
+
+def _end_stale_walsender(conn: psycopg.Connection[Any], slot: str, pid: int, silence: float) -> bool:
+    """The slot is held by walsender ``pid``. A live pipeline's client sends it a status update every
+    status_interval (below ``silence``, waits included); one that has sent nothing for longer than
+    ``silence`` belongs to a pipeline that is gone (killed, or its connection frozen), which the server would
+    only notice at wal_sender_timeout. Watch it for up to ``silence``: when its client speaks, it is alive
+    (False: refuse); when it stays silent past ``silence`` and is our own role's, end it and wait (bounded)
+    for the slot to be free (True)."""
+    deadline = time.monotonic() + silence + 1
+    last_quiet: float | None = None
+    while True:
+        row = conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp() - coalesce(reply_time, backend_start))::float8,"
+            " usename = current_user FROM pg_stat_replication WHERE pid = %s",
+            (pid,),
+        ).fetchone()
+        if row is None:  # gone meanwhile
+            return not scalar(conn, "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        quiet, own = float(row[0] or 0.0), bool(row[1])
+        if not own or (last_quiet is not None and quiet < last_quiet):
+            return False  # another role's, or its client spoke: alive
+        if quiet > silence:
+            break
+        if time.monotonic() > deadline:
+            return False
+        last_quiet = quiet
+        time.sleep(min(0.5, silence - quiet + 0.05))
+    if not scalar(conn, "SELECT pg_terminate_backend(%s)", (pid,)):
+        return False
+    release = time.monotonic() + STALE_RELEASE_WAIT
+    while scalar(conn, "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
+        if time.monotonic() > release:
+            return False
+        time.sleep(0.1)
+    log.warning(
+        "replication slot '%s' was held by walsender pid %d, whose client had sent nothing for %.0f s "
+        "(source_silence_timeout = %g s): a pipeline that is gone (killed, or its connection frozen). "
+        "Ended it to take the slot over",
+        slot,
+        pid,
+        quiet,
+        silence,
+    )
+    return True
 
 
 def end_walsender(dsn: str, pid: int, timeout: float) -> bool:

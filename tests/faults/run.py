@@ -1,6 +1,6 @@
 """`make faults`: the pipeline under a seeded schedule of faults, then a count of what Kafka holds.
 
-    python -m tests.faults [--seed N] [--duration 170] [--runs 1] [--big-rows 1000000] [--sabotage]
+    python -m tests.faults [--seed N] [--duration 200] [--runs 1] [--big-rows 1000000] [--sabotage]
                            [--delivery exactly-once]
 
 One run: a fresh broker on the fault stack (`tests/faults/stack.py`), a private outbox (table, publication,
@@ -184,7 +184,8 @@ def _drop_leftovers(dsn: str) -> None:
 
 
 SLOW_FAULTS = ("kill_broker", "registry_down", "freeze_registry", "restart_postgres", "big_transaction")
-SLOW_FAULTS += ("freeze_pg", "freeze_pg_all")  # each in a thread of its own: pipeline kills keep their times
+# each in a thread of its own: pipeline kills keep their times
+SLOW_FAULTS += ("freeze_pg", "freeze_pg_all", "freeze_broker", "freeze_broker_all")
 
 
 class Faults:
@@ -201,10 +202,11 @@ class Faults:
         load: Load,
         big_rows: int,
         pg_proxy: TcpProxy,
+        broker_proxy: TcpProxy,
     ) -> None:
         self.run, self.schedule, self.stack = run, schedule, stack
         self.supervisor, self.proxy, self.load, self.big_rows = supervisor, proxy, load, big_rows
-        self.pg_proxy = pg_proxy
+        self.pg_proxy, self.broker_proxy = pg_proxy, broker_proxy
         self.resumed: list[float] = []  # per silence fault: seconds until the slot confirmed past it
         self.done: dict[str, int] = {}
         self.errors: list[str] = []
@@ -289,20 +291,34 @@ class Faults:
 
     def freeze_pg(self, fault: Fault) -> None:
         """Every connection open from `cdc run` to PostgreSQL goes silent for good; new ones pass."""
-        target = _current_lsn(self.run.dsn)
-        self.pg_proxy.freeze()
-        frozen = time.monotonic()
-        self.run.note(self.t0, "PostgreSQL connections of cdc run frozen for good (new ones pass)")
-        self._resumed(frozen, target, fault.hold)
+        self._freeze_for_good(self.pg_proxy, "PostgreSQL connections of cdc run", fault)
 
     def freeze_pg_all(self, fault: Fault) -> None:
         """Every connection to PostgreSQL, new ones too, silent for ``hold``, then thawed."""
-        self.pg_proxy.freeze(new_too=True)
-        self.run.note(self.t0, f"PostgreSQL silent for cdc run (every connection) for {fault.hold:.1f} s")
+        self._freeze_then_thaw(self.pg_proxy, "PostgreSQL", fault)
+
+    def freeze_broker(self, fault: Fault) -> None:
+        """Every client connection open to the broker goes silent for good; new ones pass."""
+        self._freeze_for_good(self.broker_proxy, "Kafka client connections", fault)
+
+    def freeze_broker_all(self, fault: Fault) -> None:
+        """Every client connection to the broker, new ones too, silent for ``hold``, then thawed."""
+        self._freeze_then_thaw(self.broker_proxy, "Kafka", fault)
+
+    def _freeze_for_good(self, proxy: TcpProxy, what: str, fault: Fault) -> None:
+        target = _current_lsn(self.run.dsn)
+        proxy.freeze()
+        frozen = time.monotonic()
+        self.run.note(self.t0, f"{what} frozen for good (new ones pass)")
+        self._resumed(frozen, target, fault.hold)
+
+    def _freeze_then_thaw(self, proxy: TcpProxy, what: str, fault: Fault) -> None:
+        proxy.freeze(new_too=True)
+        self.run.note(self.t0, f"{what} silent for cdc run (every connection) for {fault.hold:.1f} s")
         time.sleep(fault.hold)
         target = _current_lsn(self.run.dsn)
-        self.pg_proxy.thaw()
-        self.run.note(self.t0, "PostgreSQL answers cdc run again")
+        proxy.thaw()
+        self.run.note(self.t0, f"{what} answers cdc run again")
         self._resumed(time.monotonic(), target, FREEZE_WATCH)
 
     def _resumed(self, since: float, target: int, watch: float) -> None:
@@ -392,7 +408,9 @@ def second_run(run: Run) -> tuple[bool, str]:
     return ok, f"exit {code}, {published} published, topics grown: {grew or 'none'}"
 
 
-def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[bool, str]:
+def one_run(
+    stack: FaultStack, seed: int, args: argparse.Namespace, broker_proxy: TcpProxy
+) -> tuple[bool, str]:
     started = time.monotonic()
     run = prepare(stack, seed, args)
     schedule = make_schedule(
@@ -417,7 +435,7 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
 
     supervisor = Supervisor(run.env, run.dir)
     load = Load(run.dsn, run.table, seed=seed, rate=args.rate)
-    faults = Faults(run, schedule, stack, supervisor, proxy, load, args.big_rows, pg_proxy)
+    faults = Faults(run, schedule, stack, supervisor, proxy, load, args.big_rows, pg_proxy, broker_proxy)
     supervisor.start()
     # The load begins 0-4 s after the pipeline: its first events meet a producer that is still acquiring
     # its producer id from a broker that is loading its coordinators, or one that has had it for a while.
@@ -434,6 +452,7 @@ def one_run(stack: FaultStack, seed: int, args: argparse.Namespace) -> tuple[boo
         proxy.start()
     proxy.thaw()
     pg_proxy.thaw()
+    broker_proxy.thaw()
     supervisor.resume()
     load.resolve_all()
     target = _current_lsn(run.dsn)
@@ -527,6 +546,8 @@ def figure_line(
         f"registry_freezes={done.get('freeze_registry', 0)}/{planned.get('freeze_registry', 0)} "
         f"pg_freezes={done.get('freeze_pg', 0)}/{planned.get('freeze_pg', 0)} "
         f"pg_freezes_all={done.get('freeze_pg_all', 0)}/{planned.get('freeze_pg_all', 0)} "
+        f"broker_freezes={done.get('freeze_broker', 0)}/{planned.get('freeze_broker', 0)} "
+        f"broker_freezes_all={done.get('freeze_broker_all', 0)}/{planned.get('freeze_broker_all', 0)} "
         f"resumed_max={max(faults.resumed, default=0):.1f}s "
         f"big_rows={args.big_rows if done.get('big_transaction') else 0} "
         f"unexpected_exits={len(supervisor.unexpected_exits())} "
@@ -555,7 +576,7 @@ def _cleanup(run: Run, *, keep: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make faults", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, help="replays a schedule (default: a random one, printed)")
-    parser.add_argument("--duration", type=float, default=170, help="seconds of load and faults per run")
+    parser.add_argument("--duration", type=float, default=200, help="seconds of load and faults per run")
     parser.add_argument("--runs", type=int, default=1, help="runs in a row, seeds seed, seed+1, ...")
     parser.add_argument(
         "--big-rows", type=int, default=1_000_000, help="rows of the big transaction (0: none)"
@@ -593,18 +614,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"faults: seed {seed}, {args.runs} run(s) of {args.duration:g} s", flush=True)
     stack = FaultStack()
     lines, passed = [], 0
+    # Every client reaches the broker through this proxy (the broker advertises its port): it outlives the
+    # broker's restarts, as a network does.
+    broker_proxy = TcpProxy(stack.kafka_target)
+    broker_proxy.port = stack.kafka_advertised_port
     try:
         try:
+            broker_proxy.start()
             stack.up()
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:
             print(f"faults: the fault stack did not start: {exc}", file=sys.stderr)
             return 2
         for i in range(args.runs):
-            ok, line = one_run(stack, seed + i, args)
+            ok, line = one_run(stack, seed + i, args, broker_proxy)
             passed += ok
             lines.append(line)
             print(line, flush=True)
     finally:
+        broker_proxy.stop()
         if not args.keep_stack:
             try:
                 stack.down()

@@ -14,10 +14,11 @@ Faults, for a run of ``duration`` seconds:
 - ``kill_walsender``: ``pg_terminate_backend`` of the slot's walsender, twice.
 - ``registry_down``: the schema registry unreachable for ``hold`` (15-25 s) when the framing is confluent;
   or, for half the seeds, ``freeze_registry``: its connections kept open and silent for as long.
-- Silence (issue 25), one of the two per run, by seed: ``freeze_pg``, every connection open from ``cdc run``
-  to PostgreSQL frozen for good (open, forwarding nothing; new ones pass), ``hold`` being how long the
-  recovery is watched for; or ``freeze_pg_all``, every connection, new ones too, frozen for ``hold``
-  (30-40 s), then thawed.
+- Silence (issue 25), of PostgreSQL and of the broker, each of the two kinds by seed: ``freeze_pg``, every
+  connection open from ``cdc run`` to PostgreSQL frozen for good (open, forwarding nothing; new ones pass),
+  ``hold`` being how long the recovery is watched for; or ``freeze_pg_all``, every connection, new ones too,
+  frozen for ``hold`` (30-40 s), then thawed. ``freeze_broker`` and ``freeze_broker_all`` do the same to
+  every client connection to the broker (it advertises the suite's proxy).
 - ``big_transaction``: one transaction of ``big_rows`` rows, committed while the rest goes on.
 - ``advance_slot`` (only with ``sabotage``): the pipeline is stopped, the slot is advanced to the current
   WAL position behind its back, and the pipeline restarted: the suite must then report missing events.
@@ -32,10 +33,10 @@ import random
 from dataclasses import dataclass
 
 MIN_PIPELINE_KILLS = 12
-MIN_DURATION = 150
+MIN_DURATION = 200
 FREEZE_WATCH = 20.0  # seconds a freeze_pg of the current connections is watched for the stream to resume
 OUTAGES = ("kill_broker", "restart_postgres", "kill_walsender", "registry_down", "freeze_registry")
-OUTAGES += ("freeze_pg", "freeze_pg_all")
+OUTAGES += ("freeze_pg", "freeze_pg_all", "freeze_broker", "freeze_broker_all")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +63,11 @@ def make_schedule(
     # pipeline's last restart meets a healthy stack.
     outages = [("kill_broker", rng.uniform(20, 25)), ("restart_postgres", 0.0)]
     outages += [("kill_walsender", 0.0), ("kill_walsender", 0.0)]
-    outages.append(
-        ("freeze_pg", FREEZE_WATCH) if rng.random() < 0.5 else ("freeze_pg_all", rng.uniform(30, 40))
-    )
+    for peer in ("pg", "broker"):
+        if rng.random() < 0.5:
+            outages.append((f"freeze_{peer}", FREEZE_WATCH))
+        else:
+            outages.append((f"freeze_{peer}_all", rng.uniform(30, 40)))
     if registry:
         outages.append(("registry_down" if rng.random() < 0.5 else "freeze_registry", rng.uniform(15, 25)))
     rng.shuffle(outages)

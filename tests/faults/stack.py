@@ -1,8 +1,9 @@
 """The fault suite's own stack: `stack/stack.sh` in a directory and on ports of its own, so that killing its
 broker or crashing its PostgreSQL never touches the stack that `make test` uses.
 
-Defaults: ``.stack/faults``, PostgreSQL 56432, Kafka 60092 (controller 60093), registry 59081; the usual
-``CDC_STACK_*`` variables of `stack/stack.sh` move them (``CDC_FAULTS_STACK_DIR`` moves the directory).
+Defaults: ``.stack/faults``, PostgreSQL 26432, Kafka 30092 (controller 30093, advertised 30094: a proxy's),
+registry 29081; ``CDC_FAULTS_*`` variables move them (``CDC_FAULTS_KAFKA_PORT`` for ``CDC_STACK_KAFKA_PORT``
+of `stack/stack.sh`, and so on; ``CDC_FAULTS_STACK_DIR`` moves the directory).
 The broker is started on fresh storage for each run by default, as a newcomer's first `make stack-up` would
 be: a new broker is where the idempotent producer meets a coordinator that is still loading.
 """
@@ -25,6 +26,9 @@ PORTS = {
     "CDC_STACK_KAFKA_PORT": "30092",
     "CDC_STACK_KAFKA_CONTROLLER_PORT": "30093",
     "CDC_STACK_REGISTRY_PORT": "29081",
+    # The broker advertises this port, where the suite's proxy listens (`tests/faults/run.py`): every client
+    # connection, the bootstrap's too, goes through it, so that the suite can freeze them.
+    "CDC_STACK_KAFKA_ADVERTISED_PORT": "30094",
 }
 
 
@@ -70,6 +74,15 @@ class FaultStack:
                 subprocess.run(["cp", "-al", str(source), str(target)], check=True)
                 if not (self.dir / marker).exists():
                     shutil.copy(main / marker, self.dir / marker)
+
+    @property
+    def kafka_target(self) -> tuple[str, int]:
+        """Where the broker itself listens (clients are told the advertised port, the proxy's)."""
+        return ("127.0.0.1", int(self.script_env["CDC_STACK_KAFKA_PORT"]))
+
+    @property
+    def kafka_advertised_port(self) -> int:
+        return int(self.script_env["CDC_STACK_KAFKA_ADVERTISED_PORT"])
 
     def down(self) -> None:
         self._script("down")

@@ -175,6 +175,9 @@ class TcpProxy:
         except OSError:
             pass
         finally:
+            # A peer's close passes a frozen connection no more than its bytes do: a pipeline killed behind
+            # a silent network leaves the server with a connection it believes open.
+            watch(b"")
             for s in (src, dst):
                 try:
                     s.shutdown(socket.SHUT_RDWR)

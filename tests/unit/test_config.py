@@ -239,6 +239,13 @@ def test_backoff_relations(tmp_path: Path) -> None:
     assert err.key == "backoff_max" and "backoff_initial" in str(err)
 
 
+def test_status_interval_stays_below_source_silence_timeout(tmp_path: Path) -> None:
+    # A start ends a walsender whose client was silent for source_silence_timeout: a live pipeline must
+    # reply more often than that.
+    err = rejected(tmp_path, overrides={"status_interval": 30, "source_silence_timeout": 30})
+    assert err.key == "status_interval" and "source_silence_timeout" in str(err)
+
+
 @pytest.mark.parametrize("value", ["0", "70000", "http", "-1", "80.5"])
 def test_bad_metrics_port(tmp_path: Path, value: str) -> None:
     err = rejected(tmp_path, env={"CDC_METRICS_PORT": value})

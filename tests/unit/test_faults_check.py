@@ -84,7 +84,7 @@ def test_a_failed_fact_is_a_violation():
 
 
 @pytest.mark.parametrize("seed", range(11, 19))
-@pytest.mark.parametrize("duration", [MIN_DURATION, 170, 600])
+@pytest.mark.parametrize("duration", [MIN_DURATION, 240, 600])
 def test_the_schedule_holds_every_fault_the_suite_promises(duration, seed):
     faults = make_schedule(seed, duration, registry=True, big_rows=10, sabotage=True)
     n = counts(faults)
@@ -92,6 +92,7 @@ def test_the_schedule_holds_every_fault_the_suite_promises(duration, seed):
     assert (n["kill_broker"], n["restart_postgres"], n["kill_walsender"]) == (1, 1, 2)
     assert n.get("registry_down", 0) + n.get("freeze_registry", 0) == 1
     assert n.get("freeze_pg", 0) + n.get("freeze_pg_all", 0) == 1, "one silence of PostgreSQL per run"
+    assert n.get("freeze_broker", 0) + n.get("freeze_broker_all", 0) == 1, "one silence of Kafka per run"
     assert (n["big_transaction"], n["advance_slot"]) == (1, 1)
     broker = next(f for f in faults if f.kind == "kill_broker")
     assert broker.hold >= 20
@@ -107,8 +108,8 @@ def test_the_schedule_holds_every_fault_the_suite_promises(duration, seed):
 
 
 def test_a_seed_replays_its_schedule_and_another_seed_does_not():
-    assert make_schedule(5, 170) == make_schedule(5, 170)
-    assert make_schedule(5, 170) != make_schedule(6, 170)
+    assert make_schedule(5, 240) == make_schedule(5, 240)
+    assert make_schedule(5, 240) != make_schedule(6, 240)
 
 
 def test_a_run_too_short_for_its_outages_is_refused():

@@ -93,6 +93,35 @@ def test_frozen_connections_are_noticed_and_replaced_under_load_with_nothing_los
     assert proc.terminate(timeout=40) == 0, proc.tail()
 
 
+def test_a_new_start_takes_the_slot_from_the_frozen_walsender_of_a_killed_pipeline(
+    outbox: Outbox, pipeline_process, proxied, kafka_bootstrap
+):
+    """A pipeline killed while its connections were frozen leaves a walsender that the server keeps until
+    wal_sender_timeout (60 s here): the next start ends it once its client has been silent for
+    source_silence_timeout, rather than exit with "slot in use" until then."""
+    proxy, env = proxied
+    proc = pipeline_process(**env)
+    proc.wait_streaming()
+    with Load(outbox):
+        time.sleep(2)
+        proxy.freeze()
+        proc.kill()
+        killed_at = time.monotonic()
+        again = pipeline_process(**env)
+        again.wait_for_log(r"whose client had sent nothing for \d+ s", SILENCE + 15)
+        again.wait_for_log(r"resuming after confirmed LSN", 15)
+        taken = time.monotonic() - killed_at
+        before = outbox.current_lsn()
+        wait_until(lambda: outbox.confirmed_lsn() >= before, 30, "the new start to confirm new events")
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 30, "the slot confirmed every event")
+    missing = outbox.ids() - arrived(kafka_bootstrap, outbox)
+    assert not missing, f"{len(missing)} events missing"
+    print(f"slot taken over {taken:.1f} s after the kill")
+    assert taken <= SILENCE + 10
+    assert again.terminate(timeout=40) == 0, again.tail()
+
+
 def test_readyz_says_when_postgresql_is_silent_and_sigterm_ends_a_frozen_process(
     outbox: Outbox, pipeline_process, proxied
 ):

@@ -57,12 +57,16 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _SECRET_KEY_PARTS = ("password", "secret", "sasl.oauthbearer.config", "key.pem", "private.key")
 _PLACEHOLDERS = ("aggregate_type", "event_type")
+# Which partition a key lands on: murmur2_random is the Java producer's mapping (murmur2 of the key bytes),
+# consistent_random librdkafka's own default (CRC32), which the pipeline used before it chose Java's.
+PARTITIONERS = ("murmur2_random", "consistent_random")
 _CHOICES = {
     "value_format": ("single-object", "confluent"),
     "schema_compatibility": MODES,
     "subject_name_strategy": ("topic_record", "topic", "record"),
     "on_invalid_event": ("dlq", "stop"),
     "on_slot_active": ("refuse", "wait"),
+    "partitioner": PARTITIONERS,
     "delivery": ("at-least-once", "exactly-once"),
     "log_format": ("text", "json"),
     "fast_path": ("auto", "off", "required"),
@@ -97,6 +101,8 @@ _RESERVED = {
     "delivery.timeout.ms": "set delivery_timeout (seconds) instead",
     "message.timeout.ms": "set delivery_timeout (seconds) instead",
     "transactional.id": "set transactional_id (with delivery = 'exactly-once') instead",
+    "partitioner": "set partitioner (murmur2_random or consistent_random) instead: the pipeline records it "
+    "beside the slot's saved position and refuses to change it unnoticed",
 }
 
 
@@ -174,6 +180,7 @@ class Settings:
     schema_compatibility: str = "BACKWARD"
     subject_name_strategy: str = "topic_record"
     topic_partitions: int = 3
+    partitioner: str = "murmur2_random"  # Java's; PARTITIONERS
     topic_replication_factor: int = 1
     create_topics: bool = True
     metrics_port: int | None = None

@@ -14,6 +14,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── SlotActiveError           another process is streaming from the slot
 │   ├── PublicationError          the publication is missing or does not cover the outbox table
 │   ├── RecoveryUnfinishedError   a `cdc recover` of the slot did not finish: run it again
+│   ├── PartitionerChangeError    the slot published with another partitioner: confirm the switch
 │   └── BrokerUnreachableError    Kafka did not answer within the start-up wait
 ├── SourceError                   the replication stream (PostgreSQL side)
 │   ├── SourceConnectionError     the connection was lost or refused: retried with backoff
@@ -71,6 +72,7 @@ __all__ = [
     "MalformedEventError",
     "PayloadInvalidError",
     "PermanentError",
+    "PartitionerChangeError",
     "ProtocolError",
     "PublicationError",
     "RecoveryError",
@@ -161,6 +163,11 @@ class BrokerUnreachableError(StartupRefusal):
 class RecoveryUnfinishedError(StartupRefusal):
     """`cdc recover` re-created the slot but did not finish republishing from the outbox table: streaming
     from that slot now would skip what the lost one had not delivered."""
+
+
+class PartitionerChangeError(StartupRefusal):
+    """The slot's events were published with another partitioner; switching moves keys to other
+    partitions (``cdc run --accept-partitioner-change`` confirms it)."""
 
 
 class SourceError(CdcError):

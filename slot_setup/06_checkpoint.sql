@@ -15,14 +15,16 @@ CREATE TABLE IF NOT EXISTS {{checkpoint_table}} (
 -- Nothing committed before it is the slot's to deliver; the exactly-once checkpoint in Kafka is keyed by it,
 -- so that a checkpoint of another slot of the same name is never taken for this one's. `pruned_until` is the
 -- newest commit (or creation) time of a row that `cdc outbox prune` deleted: `cdc recover` needs no row
--- before it. Added to a table of an older setup; a row with only these is a slot that has acknowledged
+-- before it. `partitioner` is what the slot's events are published with (`cdc run` refuses to change it
+-- unnoticed). Added to a table of an older setup; a row with only these is a slot that has acknowledged
 -- nothing yet.
 ALTER TABLE {{checkpoint_table}}
     ALTER COLUMN confirmed_lsn DROP NOT NULL,
     ALTER COLUMN commit_time DROP NOT NULL,
     ADD COLUMN IF NOT EXISTS slot_created_lsn pg_lsn NULL,
     ADD COLUMN IF NOT EXISTS slot_created_at timestamptz NULL,
-    ADD COLUMN IF NOT EXISTS pruned_until timestamptz NULL;
+    ADD COLUMN IF NOT EXISTS pruned_until timestamptz NULL,
+    ADD COLUMN IF NOT EXISTS partitioner text NULL;
 INSERT INTO {{checkpoint_table}} AS c (slot, slot_created_lsn, slot_created_at, updated_at)
 SELECT {{slot_literal}}, created.lsn::pg_lsn, now(), now()
 FROM (SELECT nullif(current_setting('cdc.slot_created_lsn', true), '') AS lsn) AS created

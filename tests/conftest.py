@@ -10,5 +10,6 @@ pytest_plugins = [
     "tests.plugins.pgcluster",
     "tests.plugins.avro_reference",
     "tests.plugins.avro_java",
+    "tests.plugins.kafka_java",
     "tests.plugins.fastpath",
 ]

@@ -29,14 +29,19 @@ def main() -> None:
 
 @main.command()
 @settings_options
+@click.option(
+    "--accept-partitioner-change",
+    is_flag=True,
+    help="Publish with the configured partitioner although the slot published with another (keys move).",
+)
 @handles_errors
-def run(config_file: Path | None, **flags: Any) -> None:
+def run(config_file: Path | None, accept_partitioner_change: bool, **flags: Any) -> None:
     """Run the pipeline until SIGTERM or SIGINT; SIGHUP re-reads schemas_dir."""
     settings = build_settings(config_file, **flags)
     configure_logging(settings.log_level, settings.log_format)
     from cdc.stream import Pipeline  # the pipeline pulls in Kafka and Avro; other commands need neither
 
-    pipeline = Pipeline(settings)
+    pipeline = Pipeline(settings, accept_partitioner_change=accept_partitioner_change)
     deadline: list[threading.Timer] = []
 
     def stop(signum: int, _frame: object) -> None:

@@ -55,7 +55,7 @@ from typing import Any, Literal
 import psycopg
 
 from cdc.avro.deserialize import Event, EventDeserializer, KafkaMessage
-from cdc.config import TableRef
+from cdc.config import PARTITIONERS, TableRef
 from cdc.consumer.failures import (
     RetryPolicy,
 )
@@ -92,6 +92,7 @@ class IdempotentConsumer(Session):
         poll_timeout: float = 0.5,
         batch_size: int = 1000,
         pipeline: bool = True,
+        partitioner: str = "murmur2_random",
     ) -> None:
         if not name or not topics:
             raise ConfigError("an IdempotentConsumer needs a name and at least one topic", key="consumer")
@@ -120,7 +121,20 @@ class IdempotentConsumer(Session):
         self._producer_conf = {
             k: v for k, v in self._conf.items() if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))
         }
-        self._producer_conf.update({"enable.idempotence": True, "acks": "all", "message.timeout.ms": 30_000})
+        if partitioner not in PARTITIONERS:
+            raise ConfigError(
+                f"partitioner must be one of {', '.join(PARTITIONERS)}, got {partitioner!r}",
+                key="partitioner",
+            )
+        # The pipeline's partitioner (Java's by default): a dead letter lands where its aggregate lives.
+        self._producer_conf.update(
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "message.timeout.ms": 30_000,
+                "partitioner": partitioner,
+            }
+        )
         self._stop = threading.Event()
         self._watchdog: threading.Timer | None = None
         self._hard_deadline = False

@@ -31,7 +31,7 @@ from cdc.stream.health import Health
 from cdc.stream.heartbeat import Heartbeat
 from cdc.stream.identity import ServerIdentity, SlotIdentity
 from cdc.stream.preflight import preflight
-from cdc.stream.progress import PositionWriter, checkpoint_table
+from cdc.stream.progress import PositionWriter, checkpoint_table, settle_partitioner
 from cdc.stream.reconnect import Reconnects
 from cdc.stream.refusals import RefusalLedger
 from cdc.stream.route import EventRouter, Route
@@ -55,8 +55,11 @@ STANDBY_POLL = 1.0  # seconds between a standby's attempts to take the slot over
 class Lifecycle(Reconnects, Health):
     """Everything about the pipeline but the stream loop itself (:class:`cdc.stream.pipeline.Pipeline`)."""
 
-    def __init__(self, settings: Settings, *, sink: KafkaSink | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, sink: KafkaSink | None = None, accept_partitioner_change: bool = False
+    ) -> None:
         self.settings = settings
+        self._accept_partitioner_change = accept_partitioner_change
         compiled = fastpath.enabled(settings.fast_path)
         self.router = EventRouter(settings, compiled=compiled)
         # Checked as `cdc schemas check` does (a ConfigError when it fails), re-read on a miss or SIGHUP.
@@ -226,6 +229,8 @@ class Lifecycle(Reconnects, Health):
             timeout=s.query_timeout,
             silence=s.source_silence_timeout,
         )
+        if first:
+            settle_partitioner(s, accept_change=self._accept_partitioner_change)
         self._sent_confirmed = -1
         self._txn = None
         if first and info.server_version < 140000:

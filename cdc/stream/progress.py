@@ -14,6 +14,9 @@ the slot reads back; it carries no outbox event, so it never moves what is writt
 the heartbeat: a failure is a warning, and the saved position only lags, which costs `cdc recover` more
 duplicates, never an event.
 
+Beside it, the partitioner the slot's events were published with: `cdc run` refuses to change it unnoticed
+(:func:`settle_partitioner`).
+
 While a recover runs, ``recovering_since`` is set: `cdc run` refuses to stream from a slot whose recover did
 not finish (:func:`check_not_recovering`).
 """
@@ -29,7 +32,15 @@ import psycopg
 from psycopg import sql
 
 from cdc.config import Settings
-from cdc.errors import RecoveryUnfinishedError, SourceConnectionError, first_line, format_lsn
+from cdc.errors import (
+    PartitionerChangeError,
+    RecoveryUnfinishedError,
+    SourceConnectionError,
+    StartupRefusal,
+    first_line,
+    format_lsn,
+    parse_lsn,
+)
 from cdc.pg import connect_bounded, side_write_timeout
 
 log = logging.getLogger("cdc.progress")
@@ -57,6 +68,7 @@ class SavedPosition:
     slot_created_lsn: int | None = None
     slot_created_at: datetime | None = None
     pruned_until: datetime | None = None  # the newest row `cdc outbox prune` deleted
+    partitioner: str | None = None  # what the slot's events were published with (None: not recorded)
 
 
 def read_position(conn: psycopg.Connection[Any], settings: Settings) -> SavedPosition | None:
@@ -68,25 +80,30 @@ def _read(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition
     exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
     if not exists or not exists[0]:
         return None
-    row = conn.execute(
-        "SELECT (confirmed_lsn - '0/0'::pg_lsn)::bigint, commit_time, updated_at, recovering_since,"
-        " (slot_created_lsn - '0/0'::pg_lsn)::bigint, slot_created_at, pruned_until"
-        f" FROM {table} WHERE slot = %s",
-        (slot,),
-    ).fetchone()
+    # As JSON: a table of an older setup lacks the newer columns, which then read as NULL.
+    row = conn.execute(f"SELECT to_jsonb(c) FROM {table} AS c WHERE slot = %s", (slot,)).fetchone()
     if row is None:
         return None
-    lsn, commit_time, updated_at, recovering_since, created_lsn, created_at, pruned_until = row
+    c: dict[str, Any] = row[0]
     return SavedPosition(
         slot,
-        None if lsn is None else int(lsn),
-        commit_time,
-        updated_at,
-        recovering_since,
-        slot_created_lsn=None if created_lsn is None else int(created_lsn),
-        slot_created_at=created_at,
-        pruned_until=pruned_until,
+        _lsn(c.get("confirmed_lsn")),
+        _time(c.get("commit_time")),
+        _time(c.get("updated_at")) or datetime.now(UTC),
+        _time(c.get("recovering_since")),
+        slot_created_lsn=_lsn(c.get("slot_created_lsn")),
+        slot_created_at=_time(c.get("slot_created_at")),
+        pruned_until=_time(c.get("pruned_until")),
+        partitioner=c.get("partitioner"),
     )
+
+
+def _lsn(text: str | None) -> int | None:
+    return None if text is None else parse_lsn(text)
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
 
 
 def check_not_recovering(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition | None:
@@ -100,6 +117,73 @@ def check_not_recovering(conn: psycopg.Connection[Any], table: str, slot: str) -
             "events of the lost slot. Run `cdc recover` again"
         )
     return position
+
+
+# Every slot published with librdkafka's default partitioner before the setting existed (and was recorded).
+UNRECORDED_PARTITIONER = "consistent_random"
+
+
+def settle_partitioner(settings: Settings, *, accept_change: bool = False) -> None:
+    """At start: refuse to publish a slot's events with another partitioner than the one it published with,
+    unless ``accept_change``: its keys would land on other partitions, and each aggregate's order break for
+    its consumers at the switch. Then record the partitioner used now beside the saved position."""
+    try:
+        _settle_partitioner(settings, accept_change)
+    except psycopg.OperationalError as exc:
+        raise SourceConnectionError(f"PostgreSQL: {first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise StartupRefusal(
+            f"cannot read or record the slot's partitioner in {checkpoint_table(settings)}: {first_line(exc)}"
+            " (the role of `cdc run` needs SELECT, INSERT and UPDATE on it, which `cdc setup --role` grants)"
+        ) from exc
+
+
+def _settle_partitioner(settings: Settings, accept_change: bool) -> None:
+    table = checkpoint_table(settings)
+    wanted = settings.partitioner
+    with connect_bounded(
+        settings.database_url,
+        statement_ms=STATEMENT_TIMEOUT_MS,
+        lock_ms=LOCK_TIMEOUT_MS,
+        timeout=side_write_timeout(settings.query_timeout, STATEMENT_TIMEOUT_MS),
+    ) as conn:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        if not exists or not exists[0]:
+            return  # an older setup: PositionWriter says to run `cdc setup`
+        position = _read(conn, table, settings.slot)
+        used = None if position is None else position.partitioner
+        if used is None and position is not None and position.confirmed_lsn is not None:
+            used = UNRECORDED_PARTITIONER
+        if used == wanted and position is not None and position.partitioner == wanted:
+            return
+        if used not in (None, wanted) and not accept_change:
+            raise PartitionerChangeError(
+                f"slot '{settings.slot}' published its events with partitioner = '{used}', and partitioner = "
+                f"'{wanted}' would put the same keys on other partitions: each aggregate's events would be "
+                "split over two partitions at the switch, out of order for its consumers. Keep "
+                f"partitioner = '{used}' (CDC_PARTITIONER), or switch on purpose: let the consumers drain "
+                "the topics (every event read, no older one left on an aggregate's old partition), then "
+                "start once with `cdc run --accept-partitioner-change`"
+            )
+        if used not in (None, wanted):
+            log.warning(
+                "partitioner changed from '%s' to '%s' (--accept-partitioner-change): keys move to other "
+                "partitions from here on",
+                used,
+                wanted,
+            )
+        try:
+            conn.execute(
+                f"INSERT INTO {table} AS c (slot, partitioner, updated_at) VALUES (%s, %s, now())"
+                " ON CONFLICT (slot) DO UPDATE SET partitioner = excluded.partitioner",
+                (settings.slot, wanted),
+            )
+        except psycopg.errors.UndefinedColumn:
+            log.warning(
+                "the partitioner is not recorded beside the saved position: run `cdc setup` to add the "
+                "column to %s",
+                table,
+            )
 
 
 class PositionWriter:

@@ -75,6 +75,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     }
     conf.update(settings.kafka.extra)
     conf.update(FIXED_PRODUCER_CONFIG)
+    conf["partitioner"] = settings.partitioner
     return conf
 
 

@@ -578,8 +578,8 @@ class ModuleProcess:
 class PipelineProcess(ModuleProcess):
     """One `python -m cdc run` subprocess."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        super().__init__(["cdc", "run"], env, log_path, "pipeline")
+    def __init__(self, env: dict[str, str], log_path: Path, args: tuple[str, ...] = ()) -> None:
+        super().__init__(["cdc", "run", *args], env, log_path, "pipeline")
 
     def wait_streaming(self, timeout: float = 30.0) -> None:
         self.wait_for_log(r"streaming from slot", timeout)
@@ -596,13 +596,13 @@ class PipelineProcess(ModuleProcess):
 def pipeline_process(
     outbox: Outbox, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., PipelineProcess]]:
-    """`pipeline_process(**env)` starts `python -m cdc run` with `outbox.env` updated by `env` (CDC_* names);
-    every process it started is killed at teardown."""
+    """`pipeline_process(*args, **env)` starts `python -m cdc run *args` with `outbox.env` updated by `env`
+    (CDC_* names); every process it started is killed at teardown."""
     started: list[PipelineProcess] = []
 
-    def start(**env: str) -> PipelineProcess:
+    def start(*args: str, **env: str) -> PipelineProcess:
         log_path = tmp_path / f"pipeline-{len(started) + 1}.log"
-        proc = PipelineProcess({**outbox.env, **env}, log_path)
+        proc = PipelineProcess({**outbox.env, **env}, log_path, args)
         started.append(proc)
         _register(request, proc)
         return proc

@@ -596,3 +596,14 @@ def test_exactly_once_refuses_timeouts_past_the_kafka_transaction_timeout():
         environ={**env, "CDC_DELIVERY": "at-least-once", "CDC_DELIVERY_TIMEOUT": "400"},
         overrides={},
     )
+
+
+def test_the_partitioner_is_javas_unless_set_and_is_not_a_kafka_key(tmp_path: Path) -> None:
+    from cdc.stream.sink import producer_config
+
+    assert producer_config(load(tmp_path))["partitioner"] == "murmur2_random"
+    chosen = load(tmp_path, env={"CDC_PARTITIONER": "consistent_random"})
+    assert producer_config(chosen)["partitioner"] == "consistent_random"
+    assert rejected(tmp_path, env={"CDC_PARTITIONER": "murmur2"}).key == "partitioner"
+    err = rejected(tmp_path, env={"CDC_KAFKA_PARTITIONER": "murmur2_random"})
+    assert err.key == "kafka.partitioner" and "set partitioner" in str(err)

@@ -161,3 +161,28 @@ def consume(kafka_bootstrap: str) -> Callable[..., list[Record]]:
         return read_topic(kafka_bootstrap, topic, n, timeout)
 
     return read
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's Utils.murmur2 (the Java producer's default partitioner hashes the key bytes with it), as an
+    unsigned 32-bit value."""
+    m, length = 0x5BD1E995, len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = (int.from_bytes(data[i : i + 4], "little") * m) & 0xFFFFFFFF
+        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail = data[length - length % 4 :]
+    if len(tail) == 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h = ((h ^ tail[0]) * m) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
+def java_partition(key: bytes, partitions: int) -> int:
+    """Where Kafka's Java producer puts a record with this key: toPositive(murmur2(key)) % partitions."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -14,7 +14,7 @@ from fastavro.schema import parse_schema
 from cdc.avro.encoder import MAGIC
 from cdc.avro.store import SchemaStore
 from cdc.ops.discard import who
-from tests.plugins.kafka import read_topic
+from tests.plugins.kafka import java_partition, read_topic
 from tests.plugins.pipeline import SCHEMAS_DIR, cdc, order_placed, topic_size
 
 PLANT = "PAYLOAD-PLANT-5e1f"  # only ever in the payload: wherever it shows up, the payload was shown
@@ -132,6 +132,12 @@ def test_a_schema_fix_then_replay_publishes_the_event_once_and_the_hopeless_one_
         assert len(arrived) == 1
         record = arrived[0]
         assert record.key == b"inv-1"
+        partitions = len(
+            kafka_admin.list_topics(outbox.topic("invoice"), timeout=10)
+            .topics[outbox.topic("invoice")]
+            .partitions
+        )
+        assert record.partition == java_partition(b"inv-1", partitions), "where the pipeline puts inv-1"
         assert record.timestamp_ms == dead_invoice.timestamp_ms, "the commit time, as first published"
         for name in (
             "id",

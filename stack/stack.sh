@@ -15,7 +15,8 @@
 # Ports and paths can be moved with CDC_STACK_DIR, CDC_STACK_PG_PORT, CDC_STACK_KAFKA_PORT,
 # CDC_STACK_KAFKA_CONTROLLER_PORT and CDC_STACK_REGISTRY_PORT. CDC_STACK_KAFKA_ADVERTISED_PORT makes the
 # broker tell clients to connect to another port (a proxy's, which the fault suite freezes; the broker's
-# own connections to itself go that way too), and is the bootstrap port written to the env file.
+# own connections to itself then use a listener of their own on the Kafka port + 5), and is the bootstrap
+# port written to the env file.
 #
 # CDC_STACK_PG_VERSION=13|14|15|16|17|18 picks the PostgreSQL major version (default 15, Debian's package).
 # The others come from Maven Central (stack/postgres/pom.xml), are unpacked once under .stack/pg-dist/ and
@@ -394,6 +395,17 @@ start_kafka() {
         -e "s|@ADVERTISED_PORT@|$KAFKA_ADVERTISED_PORT|g" \
         -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
         -e "s|@DATA_DIR@|$KAFKA_DATA|g" "$ROOT/stack/kafka/server.properties.in" >"$KAFKA_HOME/server.properties"
+    if [ "$KAFKA_ADVERTISED_PORT" != "$KAFKA_PORT" ]; then
+        # The broker's own connections (to itself: transaction markers) on a listener of their own, so that
+        # freezing the clients' proxy freezes clients only. Later keys override earlier ones.
+        local internal=$((KAFKA_PORT + 5))
+        cat >>"$KAFKA_HOME/server.properties" <<EOF
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,INTERNAL://127.0.0.1:$internal
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_ADVERTISED_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,INTERNAL://127.0.0.1:$internal
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT
+inter.broker.listener.name=INTERNAL
+EOF
+    fi
     if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
         say "formatting Kafka storage (KRaft, standalone controller)"
         local cluster_id

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 MIN_PIPELINE_KILLS = 12
 MIN_DURATION = 200
-FREEZE_WATCH = 20.0  # seconds a freeze_pg of the current connections is watched for the stream to resume
+FREEZE_WATCH = 20.0  # the window a freeze for good takes in the schedule (its effect may outlast it)
 OUTAGES = ("kill_broker", "restart_postgres", "kill_walsender", "registry_down", "freeze_registry")
 OUTAGES += ("freeze_pg", "freeze_pg_all", "freeze_broker", "freeze_broker_all")
 

@@ -628,9 +628,16 @@ def format_broker(
     properties = home / "server.properties"
     template = (ROOT / "stack" / "kafka" / "server.properties.in").read_text()
     if advertised_port is not None:
-        template = template.replace(
-            "advertised.listeners=PLAINTEXT://127.0.0.1:@PORT@",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{advertised_port}",
+        # Clients are told the proxy's port; the broker's own connections (to itself: transaction markers)
+        # use a listener of their own, so that freezing the proxy freezes clients only. Later keys win.
+        internal = free_port()
+        template += (
+            f"listeners=PLAINTEXT://127.0.0.1:@PORT@,CONTROLLER://127.0.0.1:@CONTROLLER_PORT@,"
+            f"INTERNAL://127.0.0.1:{internal}\n"
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{advertised_port},"
+            f"CONTROLLER://127.0.0.1:@CONTROLLER_PORT@,INTERNAL://127.0.0.1:{internal}\n"
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT\n"
+            "inter.broker.listener.name=INTERNAL\n"
         )
     properties.write_text(
         template.replace("@PORT@", str(port))

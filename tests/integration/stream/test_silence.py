@@ -19,6 +19,7 @@ from tests.plugins.proxy import TcpProxy
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SILENCE = 6  # seconds: CDC_SOURCE_SILENCE_TIMEOUT in these tests
+BROKER_REQUEST_BOUND = 60  # librdkafka's socket.timeout.ms, the default
 
 
 class Load:
@@ -202,3 +203,53 @@ def test_a_silent_broker_bounds_every_wait_and_the_stream_resumes_when_it_answer
     missing = outbox.ids() - seen
     assert not missing, f"{len(missing)} events missing"
     assert again.terminate(timeout=40) == 0, again.tail()
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
+def test_frozen_broker_connections_end_within_the_request_timeout_and_nothing_is_lost(
+    outbox: Outbox, pipeline_process, proxied_kafka, unique_name, delivery
+):
+    """The connections open to the broker go silent for good (new ones pass), with librdkafka's default
+    timeouts. Its request in flight times out after socket.timeout.ms (BROKER_REQUEST_BOUND), and the events
+    it carried fail. At least once: `cdc run` exits 1 without confirming past them, as for any delivery
+    that failed, and the restart a supervisor makes (new connections) publishes them. Exactly once: the
+    transaction aborts and the pipeline restarts from the checkpoint on a new producer, in the process."""
+    broker, proxy = proxied_kafka
+    env = {
+        "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "CDC_DELIVERY": delivery,
+        "CDC_CHECKPOINT_TOPIC": unique_name("ckpt"),
+        "CDC_STARTUP_TIMEOUT": "90",
+    }
+    proc = pipeline_process(**env)
+    proc.wait_streaming()
+    if delivery == "exactly-once":
+        proc.wait_for_log(r"exactly-once: transactional id", 90)
+    with Load(outbox):
+        time.sleep(3)
+        before = outbox.current_lsn()
+        wait_until(lambda: outbox.confirmed_lsn() >= before, 60, "the stream to confirm before the freeze")
+        proxy.freeze()
+        frozen_at = time.monotonic()
+        time.sleep(1)
+        at_freeze = outbox.current_lsn()
+        if delivery == "at-least-once":
+            assert proc.wait(timeout=BROKER_REQUEST_BOUND + 15) == 1, proc.tail()
+            print(f"exit 1 {time.monotonic() - frozen_at:.1f} s after the freeze")
+            assert "Message timed out; stopping without confirming past it" in proc.tail()
+            assert outbox.confirmed_lsn() < at_freeze
+            proc = pipeline_process(**env)  # what systemd's Restart= or Kubernetes does
+            proc.wait_streaming()
+        wait_until(
+            lambda: outbox.confirmed_lsn() >= at_freeze,
+            BROKER_REQUEST_BOUND + 30,
+            "the stream past the freeze",
+        )
+        resumed = time.monotonic() - frozen_at
+    last = outbox.transactions[-1]
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 90, "the slot confirmed every event")
+    missing = outbox.ids() - set(ids(read_all(broker.bootstrap, outbox.topic("order"))))
+    assert not missing, f"{len(missing)} events missing"
+    print(f"{delivery}: stream confirming past the freeze {resumed:.1f} s after it")
+    assert resumed <= BROKER_REQUEST_BOUND + 20
+    assert proc.terminate(timeout=40) == 0, proc.tail()

@@ -50,6 +50,14 @@ def test_the_constructor_connects_to_nothing_and_defaults_the_dlq_and_group():
     assert make(group_id="g2", dlq_topic="d")._conf["group.id"] == "g2"
 
 
+def test_the_dead_letter_producer_partitions_as_the_pipeline_does():
+    assert make()._producer_conf["partitioner"] == "murmur2_random"
+    assert make(partitioner="consistent_random")._producer_conf["partitioner"] == "consistent_random"
+    with pytest.raises(ConfigError) as refused:
+        make(partitioner="murmur2")
+    assert refused.value.key == "partitioner"
+
+
 def test_retries_must_fit_well_inside_max_poll_interval():
     with pytest.raises(ConfigError, match="max.poll.interval.ms"):
         make(retry=RetryPolicy(attempts=10, max_delay=60), kafka_config={"max.poll.interval.ms": 60_000})

@@ -297,14 +297,44 @@ def validate_kafka_config(conf: dict[str, str]) -> None:
         return
     for value in (v for k, v in conf.items() if _is_secret(k) and v):
         error = error.replace(value, REDACTED)
-    named = [n for n in re.findall(r"[\"`]([\w.]+)[\"`]", error) if n in conf]
-    culprit = named[0] if named else next((k for k in conf if _producer_error({k: conf[k]})), None)
+    missing = _missing_key(conf, error)
+    if missing is not None:
+        key, what = missing
+        env = "CDC_KAFKA_" + key.upper().replace(".", "_")
+        raise ConfigError(f"setting 'kafka.{key}' ({env}) {what} (librdkafka: {error})", key=f"kafka.{key}")
+    named = [
+        n for n in re.findall(r"[\"`]([\w.]+)[\"`]|^(?:Failed to create producer: )?([\w.]+) failed", error)
+    ]
+    names = [n for pair in named for n in pair if n in conf]
+    culprit = names[0] if names else next((k for k in conf if _producer_error({k: conf[k]})), None)
     key = f"kafka.{culprit}" if culprit else "kafka"
     raise ConfigError(
         f"setting '{key}' is not accepted by librdkafka: {error} (see librdkafka's "
         "CONFIGURATION.md for the producer properties and their values)",
         key=key,
     )
+
+
+def _missing_key(conf: dict[str, str], error: str) -> tuple[str, str] | None:
+    """librdkafka names the setting it refuses, not the one that is missing (``security.protocol =
+    SASL_SSL`` alone fails on GSSAPI, the default mechanism): the key to fix and what is wrong with it,
+    when it is one of those."""
+    mechanism = "sasl.mechanisms" if "sasl.mechanisms" in conf else "sasl.mechanism"
+    choices = "SCRAM-SHA-512, SCRAM-SHA-256, PLAIN or OAUTHBEARER, as the brokers' listener expects"
+    if "No provider for SASL mechanism" in error and mechanism not in conf:
+        return mechanism, (
+            f"is needed: security.protocol = {conf.get('security.protocol')} authenticates with GSSAPI "
+            f"(Kerberos) unless a mechanism is set, and this librdkafka has no Kerberos. Set {choices}"
+        )
+    if "Unsupported SASL mechanism" in error or "No provider for SASL mechanism" in error:
+        return mechanism, f"names a mechanism this librdkafka does not have: set {choices}"
+    if "sasl.username and sasl.password must be set" in error:
+        key = "sasl.username" if not conf.get("sasl.username") else "sasl.password"
+        return (
+            key,
+            f"is needed: {conf.get(mechanism, 'SASL')} authenticates with sasl.username and sasl.password",
+        )
+    return None
 
 
 _QUIET = logging.Logger("cdc.config.validate", logging.CRITICAL + 1)  # a detached logger that drops all

@@ -607,3 +607,40 @@ def test_the_partitioner_is_javas_unless_set_and_is_not_a_kafka_key(tmp_path: Pa
     assert rejected(tmp_path, env={"CDC_PARTITIONER": "murmur2"}).key == "partitioner"
     err = rejected(tmp_path, env={"CDC_KAFKA_PARTITIONER": "murmur2_random"})
     assert err.key == "kafka.partitioner" and "set partitioner" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("env", "key", "says"),
+    [
+        ({"CDC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}, "kafka.sasl.mechanism", "GSSAPI"),
+        (
+            {"CDC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "CDC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512"},
+            "kafka.sasl.username",
+            "is needed",
+        ),
+        (
+            {
+                "CDC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "CDC_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                "CDC_KAFKA_SASL_USERNAME": "cdc",
+            },
+            "kafka.sasl.password",
+            "is needed",
+        ),
+        (
+            {"CDC_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "CDC_KAFKA_SASL_MECHANISM": "KERBEROS-9"},
+            "kafka.sasl.mechanism",
+            "does not have",
+        ),
+        (
+            {"CDC_KAFKA_SECURITY_PROTOCOL": "SSL", "CDC_KAFKA_SSL_CA_LOCATION": "/nonexistent/ca.pem"},
+            "kafka.ssl.ca.location",
+            "not accepted",
+        ),
+    ],
+)
+def test_a_kafka_refusal_names_the_key_to_fix_not_the_one_librdkafka_names(
+    tmp_path: Path, env: dict[str, str], key: str, says: str
+) -> None:
+    err = rejected(tmp_path, env=env)
+    assert err.key == key and says in str(err), str(err)

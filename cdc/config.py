@@ -167,6 +167,9 @@ class KafkaSettings:
 class Settings:
     database_url: str
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    # The password, read at every (re)connect (cdc.pg.database_dsn): a file's content, or a command's output.
+    database_password_file: str | None = None
+    database_password_command: str | None = None
     slot: str = "cdc_outbox"
     publication: str = "cdc_outbox"
     table: TableRef = field(default_factory=TableRef)

@@ -263,6 +263,20 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
                 "text is not shown: it may hold a password)",
                 key="database_url",
             ) from None
+    if s.database_password_file is not None and s.database_password_command is not None:
+        raise ConfigError(
+            "settings 'database_password_file' and 'database_password_command' both give the password: "
+            "keep one",
+            key="database_password_command",
+        )
+    if require_database and (s.database_password_file or s.database_password_command):
+        key = "database_password_file" if s.database_password_file else "database_password_command"
+        if conninfo_to_dict(s.database_url).get("password"):
+            raise ConfigError(
+                f"setting 'database_url' carries a password and {key!r} gives one too: remove it from "
+                "database_url",
+                key=key,
+            )
     if not re.fullmatch(r"[a-z0-9_]{1,63}", s.slot):
         raise _fail("slot", where("slot"), "lower-case letters, digits and _ (at most 63)", s.slot)
     if not _IDENT.fullmatch(s.publication):

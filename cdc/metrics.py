@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from cdc.errors import ConfigError, SourceConnectionError, first_line
-from cdc.pg import connect
+from cdc.pg import connect, database_dsn
 
 if TYPE_CHECKING:
     from cdc.stream.pipeline import Pipeline
@@ -275,7 +275,7 @@ class MetricsServer:
         settings = self._pipeline.settings
         try:
             if self._slot_conn is None or self._slot_conn.closed:
-                self._slot_conn = connect(settings.database_url, timeout=READY_CACHE_SECONDS + 1)
+                self._slot_conn = connect(database_dsn(settings), timeout=READY_CACHE_SECONDS + 1)
                 self._slot_conn.execute("SELECT set_config('statement_timeout', '2000ms', false)")
             row = self._slot_conn.execute(
                 "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"

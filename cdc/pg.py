@@ -18,19 +18,72 @@ within ``source_silence_timeout``.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Generator
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cdc.errors import SourceConnectionError, first_line
+
+if TYPE_CHECKING:
+    from cdc.config import Settings
 
 DEFAULT_QUERY_TIMEOUT = 30.0  # seconds: Settings.query_timeout's default
 CONNECT_TIMEOUT = 10  # seconds for libpq to connect (TCP, TLS, authentication)
 _RV = TypeVar("_RV")
 # psycopg raises this private OperationalError when a wait's timeout expires.
 _WAIT_TIMEOUT: type[Exception] = getattr(psycopg.errors, "_WaitTimeout", psycopg.OperationalError)
+
+
+def database_dsn(settings: Settings) -> str:
+    """``database_url``, with the password of ``database_password_file`` or ``database_password_command``
+    read now. Called at every (re)connect, so that a rotated secret (a file Kubernetes updates in place) or
+    an expiring token (a cloud IAM one, minutes long) is picked up without a restart. The result holds the
+    password: it is passed to libpq, never logged."""
+    if settings.database_password_file is None and settings.database_password_command is None:
+        return settings.database_url
+    return make_conninfo(settings.database_url, password=read_password(settings))
+
+
+def read_password(settings: Settings) -> str:
+    """The current password: the file's content or the command's output, without the trailing line break.
+    A failure is a SourceConnectionError (retried as a refused connection is), named without the secret."""
+    if settings.database_password_file is not None:
+        path = Path(settings.database_password_file)
+        try:
+            password = path.read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise SourceConnectionError(
+                f"cannot read database_password_file {path}: {exc.strerror or exc}"
+            ) from exc
+        if not password:
+            raise SourceConnectionError(f"database_password_file {path} is empty")
+        return password
+    command = settings.database_password_command
+    assert command is not None
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=settings.query_timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SourceConnectionError(
+            f"database_password_command did not finish within {settings.query_timeout:g} s (query_timeout)"
+        ) from exc
+    except OSError as exc:
+        raise SourceConnectionError(f"database_password_command could not run: {exc}") from exc
+    password = done.stdout.rstrip("\r\n")
+    if done.returncode != 0 or not password:
+        # Its stderr, not its stdout: what it printed there may be the secret.
+        why = done.stderr.strip().splitlines()[0] if done.stderr.strip() else "no output"
+        raise SourceConnectionError(f"database_password_command exited {done.returncode}: {why[:300]}")
+    return password
 
 
 def silence_params(dsn: str, seconds: float) -> dict[str, Any]:

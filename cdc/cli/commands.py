@@ -17,6 +17,7 @@ import click
 
 from cdc.cli.options import build_settings, handles_errors, settings_options
 from cdc.logs import configure_logging
+from cdc.pg import database_dsn
 
 log = logging.getLogger("cdc")
 
@@ -205,7 +206,7 @@ def consumer_setup(config_file: Path | None, processed_table: str, dry_run: bool
 
     table = parse_table(processed_table)
     settings = build_settings(config_file, require_database=not dry_run, **flags)
-    for what, outcome in apply_setup(settings.database_url, table, dry_run=dry_run):
+    for what, outcome in apply_setup(database_dsn(settings), table, dry_run=dry_run):
         click.echo(f"-- {what}\n{outcome}" if dry_run else f"{what}: {outcome}")
 
 
@@ -238,7 +239,7 @@ def consumer_prune(
     table = parse_table(processed_table)
     settings = build_settings(config_file, **flags)
     deleted = prune(
-        settings.database_url,
+        database_dsn(settings),
         parse_duration(older_than),
         table=table,
         batch_size=batch_size,

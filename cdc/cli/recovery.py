@@ -21,6 +21,7 @@ from cdc.cli.commands import outbox
 from cdc.cli.options import build_settings, handles_errors, settings_options
 from cdc.errors import ConfigError
 from cdc.logs import configure_logging
+from cdc.pg import database_dsn
 
 PROGRESS_EVERY = 10_000
 _DURATION = re.compile(r"(\d+\s*[wdhms]\s*)+\Z")
@@ -159,7 +160,7 @@ def outbox_republish(
         )
     settings = build_settings(config_file, **flags)
     configure_logging(settings.log_level, settings.log_format)
-    with connect(settings.database_url) as conn:
+    with connect(database_dsn(settings)) as conn:
         found = count_rows(conn, settings, rows)
     span = ""
     if found.first_created is not None and found.last_created is not None:

@@ -54,7 +54,7 @@ from cdc.errors import (
 )
 from cdc.ops.republish import Progress, RepublishResult, RowFilter, count_rows, republish
 from cdc.ops.status import forget_slot_checkpoint
-from cdc.pg import connect, tracks_commit_timestamps
+from cdc.pg import connect, database_dsn, tracks_commit_timestamps
 from cdc.stream.preflight import check_wal_level, slot_identity
 from cdc.stream.progress import SavedPosition, checkpoint_table, read_position
 from cdc.stream.source import quote_ident
@@ -115,7 +115,7 @@ def plan(
     accept_gap: bool = False,
 ) -> Plan:
     """Look, change nothing: refuse with the reason, or say what recover would do."""
-    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
+    with connect(database_dsn(settings), timeout=settings.query_timeout) as conn:
         check_wal_level(conn)
         by_commit = tracks_commit_timestamps(conn)
         if not by_commit and settings.columns.created_at is None:
@@ -212,7 +212,7 @@ def recover(
 ) -> Recovered:
     """Carry out ``chosen``: mark, re-create the slot, republish in its snapshot, unmark."""
     s = settings
-    with connect(s.database_url) as conn:
+    with connect(database_dsn(s)) as conn:
         if failover and conn.info.server_version < 170000:
             major = conn.info.server_version // 10000
             raise RecoveryRefusedError(f"failover slots need PostgreSQL 17 or later; this server is {major}")
@@ -223,7 +223,7 @@ def recover(
         if chosen.state != "missing":
             _drop_slot(conn, s.slot)
             log.info("dropped the %s slot %s", chosen.state, s.slot)
-    replication = _replication_connection(s.database_url)
+    replication = _replication_connection(database_dsn(s))
     created = False
     try:
         consistent_point, snapshot = _create_slot(replication, s.slot, failover=failover)
@@ -234,7 +234,7 @@ def recover(
             format_lsn(consistent_point),
             _iso(chosen.since),
         )
-        with connect(s.database_url) as reader:
+        with connect(database_dsn(s)) as reader:
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
             if not chosen.accept_gap:  # a prune since the plan was made: seen in the snapshot
@@ -247,7 +247,7 @@ def recover(
                 conn=reader,
             )
             reader.execute("COMMIT")
-        with connect(s.database_url) as conn:
+        with connect(database_dsn(s)) as conn:
             _mark(conn, s, recovering=False, confirmed_lsn=consistent_point)
         created = False  # done: the slot stays
     finally:
@@ -301,7 +301,7 @@ def _drop_slot(conn: psycopg.Connection[Any], slot: str) -> None:
 
 def _drop_new_slot(settings: Settings) -> None:
     try:
-        with connect(settings.database_url) as conn:
+        with connect(database_dsn(settings)) as conn:
             _drop_slot(conn, settings.slot)
     except Exception as exc:  # noqa: BLE001 - reported, and `cdc run` refuses the slot anyway (the mark)
         log.error(

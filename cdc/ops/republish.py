@@ -33,6 +33,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import ConfigError, DeliveryRefusedError, RecoveryError
+from cdc.pg import database_dsn
 from cdc.stream.checkpoint import AckTracker
 from cdc.stream.messages import Column, Relation
 from cdc.stream.pipeline import Pipeline
@@ -279,7 +280,7 @@ def republish(
     if conn is None:
         from cdc.pg import connect
 
-        conn = connect(settings.database_url)
+        conn = connect(database_dsn(settings))
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         result = count_rows(conn, settings, rows)

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import ConfigError
-from cdc.pg import DELETE_LOCKED, connect, tracks_commit_timestamps
+from cdc.pg import DELETE_LOCKED, connect, database_dsn, tracks_commit_timestamps
 from cdc.stream.progress import checkpoint_table
 
 log = logging.getLogger("cdc.retention")
@@ -58,7 +58,7 @@ def prune(settings: Settings, older_than: timedelta, *, batch_size: int = 10_000
         raise ConfigError("--batch-size must be at least 1", key="batch_size")
     table = sql.Identifier(settings.table.schema, settings.table.name)
     total = 0
-    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
+    with connect(database_dsn(settings), timeout=settings.query_timeout) as conn:
         statement = _statement(conn, settings, table, sql.Identifier(created_at))
         while True:
             deleted = _delete_batch(conn, statement, older_than, batch_size, settings.slot)
@@ -132,7 +132,7 @@ def drop_partitions(settings: Settings, older_than: timedelta) -> list[str]:
     dropped: list[str] = []
     # The scan of a large partition may take a while: no bound on it but the kernel's. A drop waits for no
     # one's lock for long, though: an exclusive lock request queued behind a writer would stop every writer.
-    with connect(settings.database_url, timeout=None) as conn:
+    with connect(database_dsn(settings), timeout=None) as conn:
         conn.execute("SELECT set_config('lock_timeout', '5s', false)")
         name = table.as_string(conn)
         kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (name,)).fetchone()

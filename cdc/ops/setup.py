@@ -18,7 +18,7 @@ from psycopg import sql
 
 from cdc.config import Settings
 from cdc.errors import CdcError, ConfigError, StartupRefusal
-from cdc.pg import connect, tracks_commit_timestamps
+from cdc.pg import connect, database_dsn, tracks_commit_timestamps
 from cdc.stream.heartbeat import HEARTBEAT_TABLE, heartbeat_table
 from cdc.stream.preflight import check_wal_level
 from cdc.stream.progress import CHECKPOINT_TABLE, checkpoint_table, read_position
@@ -181,7 +181,7 @@ def apply(
     if dry_run:
         return [(step.name, step.sql) for step in steps]
     outcomes = []
-    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
+    with connect(database_dsn(settings), timeout=settings.query_timeout) as conn:
         check_wal_level(conn)
         warn_without_commit_timestamps(conn)
         check_capacity(conn, settings)

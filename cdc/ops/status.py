@@ -26,7 +26,7 @@ from cdc.errors import (
     format_lsn,
     parse_lsn,
 )
-from cdc.pg import connect
+from cdc.pg import connect, database_dsn
 from cdc.stream import failover
 from cdc.stream.heartbeat import heartbeat_table
 from cdc.stream.preflight import slot_identity
@@ -117,7 +117,7 @@ def slot_status(settings: Settings) -> SlotStatus:
 
 
 def _slot_status(settings: Settings) -> SlotStatus:
-    with connect(settings.database_url) as conn:
+    with connect(database_dsn(settings)) as conn:
         current = conn.execute(
             "SELECT pg_current_wal_lsn()::text, current_setting('server_version')"
         ).fetchone()
@@ -131,7 +131,7 @@ def _slot_status(settings: Settings) -> SlotStatus:
         rows, age = _outbox_rows(conn, settings)
         heartbeat = _last_heartbeat(conn, settings)
         saved = read_position(conn, settings)
-        readiness = failover.check(conn, settings.database_url, settings.slot)
+        readiness = failover.check(conn, database_dsn(settings), settings.slot)
         others = [
             f"{name} ({plugin}{', database ' + db if db else ''}, {'active' if active else 'inactive'})"
             for name, plugin, db, active in conn.execute(
@@ -237,7 +237,7 @@ def teardown(settings: Settings) -> list[str]:
     exactly-once delivery, the slot's checkpoint in Kafka is forgotten too (a tombstone)."""
     done = []
     identity = slot_identity(settings) if settings.delivery == "exactly-once" else None
-    with connect(settings.database_url) as conn:
+    with connect(database_dsn(settings)) as conn:
         row = conn.execute(
             "SELECT active, active_pid FROM pg_replication_slots WHERE slot_name = %s", (settings.slot,)
         ).fetchone()

@@ -25,6 +25,7 @@ from cdc.errors import (
     TransactionAbortedError,
     format_lsn,
 )
+from cdc.pg import database_dsn
 from cdc.stream.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.stream.delivery import delivery_log
 from cdc.stream.health import Health
@@ -220,7 +221,7 @@ class Lifecycle(Reconnects, Health):
             self._delivery_failed()  # seen while reconnecting: must not be forgotten with the old tracker
         s = self.settings
         info = preflight(
-            s.database_url,
+            database_dsn(s),
             slot=s.slot,
             publication=s.publication,
             table=(s.table.schema, s.table.name),
@@ -242,7 +243,7 @@ class Lifecycle(Reconnects, Health):
             )
         self.heartbeat.by_keepalive = info.server_version < 140000
         source = ReplicationSource(
-            s.database_url, slot=s.slot, publication=s.publication, silence=s.source_silence_timeout
+            database_dsn(s), slot=s.slot, publication=s.publication, silence=s.source_silence_timeout
         )
         source.start()
         self._source = source

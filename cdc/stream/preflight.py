@@ -24,7 +24,7 @@ from cdc.errors import (
     WalLevelError,
     parse_lsn,
 )
-from cdc.pg import DEFAULT_QUERY_TIMEOUT, connect
+from cdc.pg import DEFAULT_QUERY_TIMEOUT, connect, database_dsn
 from cdc.stream import failover as failover_slots
 from cdc.stream.identity import SlotIdentity
 from cdc.stream.progress import check_not_recovering, read_position
@@ -258,7 +258,7 @@ def end_walsender(dsn: str, pid: int, timeout: float) -> bool:
 def slot_identity(settings: Settings) -> SlotIdentity:
     """The slot's identity as `cdc run` keys its exactly-once checkpoint: the server's system identifier,
     the slot's name, and where `cdc setup` or `cdc recover` created it."""
-    server = server_identity(settings.database_url, settings.query_timeout)
-    with connect(settings.database_url, timeout=settings.query_timeout) as conn:
+    server = server_identity(database_dsn(settings), settings.query_timeout)
+    with connect(database_dsn(settings), timeout=settings.query_timeout) as conn:
         saved = read_position(conn, settings)
     return SlotIdentity(server.system_id, settings.slot, None if saved is None else saved.slot_created_lsn)

@@ -41,7 +41,7 @@ from cdc.errors import (
     format_lsn,
     parse_lsn,
 )
-from cdc.pg import connect_bounded, side_write_timeout
+from cdc.pg import connect_bounded, database_dsn, side_write_timeout
 
 log = logging.getLogger("cdc.progress")
 
@@ -142,7 +142,7 @@ def _settle_partitioner(settings: Settings, accept_change: bool) -> None:
     table = checkpoint_table(settings)
     wanted = settings.partitioner
     with connect_bounded(
-        settings.database_url,
+        database_dsn(settings),
         statement_ms=STATEMENT_TIMEOUT_MS,
         lock_ms=LOCK_TIMEOUT_MS,
         timeout=side_write_timeout(settings.query_timeout, STATEMENT_TIMEOUT_MS),
@@ -221,7 +221,7 @@ class PositionWriter:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect_bounded(
-                    self.settings.database_url,
+                    database_dsn(self.settings),
                     statement_ms=STATEMENT_TIMEOUT_MS,
                     lock_ms=LOCK_TIMEOUT_MS,
                     timeout=side_write_timeout(self.settings.query_timeout, STATEMENT_TIMEOUT_MS),

@@ -20,6 +20,7 @@ from cdc.errors import (
     TransactionAbortedError,
     format_lsn,
 )
+from cdc.pg import database_dsn
 from cdc.stream.exactly_once import ExactlyOnce
 from cdc.stream.preflight import end_walsender
 from cdc.stream.waits import Backoff, StopRequested
@@ -42,7 +43,7 @@ class Reconnects(ExactlyOnce):
             return False
         self._last_walsender = None
         try:
-            ended = end_walsender(self.settings.database_url, pid, self.settings.query_timeout)
+            ended = end_walsender(database_dsn(self.settings), pid, self.settings.query_timeout)
         except (SourceConnectionError, psycopg.Error) as failure:
             log.warning("could not end our silent walsender (pid %d): %s", pid, failure)
             return False

@@ -19,7 +19,7 @@ import psycopg
 
 from cdc.config import Settings
 from cdc.errors import SourceConnectionError, first_line
-from cdc.pg import connect_bounded, side_write_timeout
+from cdc.pg import connect_bounded, database_dsn, side_write_timeout
 
 log = logging.getLogger("cdc.slots")
 
@@ -51,7 +51,7 @@ class SlotWatch:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect_bounded(
-                    self.settings.database_url,
+                    database_dsn(self.settings),
                     statement_ms=STATEMENT_TIMEOUT_MS,
                     lock_ms=STATEMENT_TIMEOUT_MS,
                     timeout=side_write_timeout(self.settings.query_timeout, STATEMENT_TIMEOUT_MS),

@@ -7,6 +7,7 @@
 #   stack/stack.sh down     stop only the processes this script started (pid files)
 #   stack/stack.sh status   say what runs, and where its log is
 #   stack/stack.sh clean    down, then remove the stack's state (the Kafka jars and the registry build too)
+#   stack/stack.sh postgres start the PostgreSQL cluster only (what `down` stops too), then write .stack/env
 #   stack/stack.sh standby  start a physical standby of the PostgreSQL cluster (port + 100), set up to sync
 #                           failover slots on 17+, and add its multi-host URL to .stack/env
 #   stack/stack.sh avro-reference  build the Java reference of `cdc schemas check` (stack/avro-reference,
@@ -142,6 +143,12 @@ ensure_postgres_installed() {
     PG_CLIENT_BIN=$(pg_bindir)
     [ -n "$PG_CLIENT_BIN" ] || fail "PostgreSQL's server binaries (initdb) are not under /usr/lib/postgresql/*/bin"
     PG_BIN=$PG_CLIENT_BIN
+    return 0
+}
+
+# The server binaries of PG_VERSION, once choose_pg_base has said where the cluster (and so the unpacked
+# binaries, which the 'postgres' user must run) lives.
+ensure_pg_server() {
     [ -n "$PG_SUFFIX" ] && fetch_postgres_release
     return 0
 }
@@ -225,6 +232,7 @@ EOF
 start_postgres() {
     ensure_postgres_installed
     choose_pg_base
+    ensure_pg_server
     init_postgres
     if pg_running; then
         say "postgres $PG_VERSION already running on 127.0.0.1:$PG_PORT"
@@ -660,10 +668,17 @@ case "${1:-}" in
     down) cmd_down ;;
     status) cmd_status ;;
     clean) cmd_clean ;;
+    postgres)
+        mkdir -p "$STACK_DIR/logs"
+        start_postgres
+        write_env
+        say "ready: postgres $PG_VERSION 127.0.0.1:$PG_PORT; settings in $STACK_DIR/env"
+        ;;
     standby)
         mkdir -p "$STACK_DIR/logs"
         ensure_postgres_installed
         choose_pg_base
+        ensure_pg_server
         start_standby
         write_env
         say "standby ready on 127.0.0.1:$PG_STANDBY_PORT; CDC_STACK_PG_FAILOVER_URL in $STACK_DIR/env"
@@ -674,7 +689,7 @@ case "${1:-}" in
         say "avro reference built: $AVRO_REFERENCE_HOME/build"
         ;;
     *)
-        echo "usage: stack/stack.sh up|down|status|clean|standby|avro-reference" >&2
+        echo "usage: stack/stack.sh up|down|status|clean|postgres|standby|avro-reference" >&2
         exit 2
         ;;
 esac

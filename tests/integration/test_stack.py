@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import urllib.request
 import uuid
 from pathlib import Path
@@ -157,3 +159,42 @@ def test_the_stack_starts_a_standby_that_streams_and_syncs_failover_slots(tmp_pa
                 assert standby.execute("SHOW sync_replication_slots").fetchone() == ("on",)
     finally:
         subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0, reason="the case is root's: a checkout that the postgres user cannot enter"
+)
+def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres_cannot_enter(tmp_path):
+    """As root, in a checkout under a directory of mode 700 (a clone under /root on a fresh server), the
+    server runs as 'postgres', which cannot enter it: the cluster and the unpacked server binaries of a
+    Maven-fetched version (13) must both live elsewhere (/var/tmp/outbox-cdc-*)."""
+    private = Path(tempfile.mkdtemp(prefix="cdc-private-", dir="/root"))  # mode 700
+    checkout = private / "checkout"
+    shutil.copytree(ROOT / "stack", checkout / "stack")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
+        "CDC_STACK_PG_VERSION": "13",
+        "CDC_STACK_PG_PORT": str(free_port()),
+    }
+    script = str(checkout / "stack" / "stack.sh")
+    try:
+        assert subprocess.run(["runuser", "-u", "postgres", "--", "test", "-x", str(private)]).returncode != 0
+        for command in ("postgres", "standby"):  # `postgres` starts the cluster as `up` does
+            done = subprocess.run(
+                ["bash", script, command], env=env, capture_output=True, text=True, timeout=600
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+        base = (checkout / ".stack" / "pg-base").read_text().strip()
+        assert base.startswith("/var/tmp/outbox-cdc-"), base
+        stack_env = (checkout / ".stack" / "env").read_text()
+        url = re.search(r"CDC_STACK_PG_FAILOVER_URL='([^']+)'", stack_env)
+        assert url, stack_env
+        with psycopg.connect(url.group(1), connect_timeout=5) as primary:
+            assert primary.execute("SHOW server_version_num").fetchone()[0].startswith("13")  # type: ignore[index]
+            assert primary.execute("SELECT count(*) FROM pg_stat_replication").fetchone() == (1,)
+    finally:
+        subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
+        base_file = checkout / ".stack" / "pg-base"
+        if base_file.exists() and base_file.read_text().startswith("/var/tmp/outbox-cdc-"):
+            shutil.rmtree(base_file.read_text().strip(), ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)

@@ -279,11 +279,14 @@ def _mark(
         return
     # The commit time stays: a slot lost again before the pipeline saved a newer one starts from there. The
     # new slot's identity (cdc.stream.identity) is where it was created.
+    # The republished events went out with the configured partitioner: the slot's record, when it had none
+    # (a slot that had acknowledged nothing), so that `cdc run` does not take it for the old default.
     conn.execute(
         f"UPDATE {table} SET recovering_since = NULL, updated_at = now(),"
         " confirmed_lsn = greatest(confirmed_lsn, %s::pg_lsn),"
-        " slot_created_lsn = %s::pg_lsn, slot_created_at = now() WHERE slot = %s",
-        (format_lsn(confirmed_lsn or 0), format_lsn(confirmed_lsn or 0), settings.slot),
+        " slot_created_lsn = %s::pg_lsn, slot_created_at = now(),"
+        " partitioner = coalesce(partitioner, %s) WHERE slot = %s",
+        (format_lsn(confirmed_lsn or 0), format_lsn(confirmed_lsn or 0), settings.partitioner, settings.slot),
     )
 
 

@@ -29,7 +29,8 @@ def test_an_event_above_message_max_bytes_goes_to_the_dlq_without_its_payload(
     assert record.headers["error_class"] == b"EventTooLargeError"
     assert record.value is None, "the payload is omitted from the dead-letter record"
     arrived = consume(outbox.topic("order"), 2, timeout=30)
-    assert [r.headers["id"].decode() for r in arrived] == [txn.ids[0], txn.ids[2]]
+    # Two keys, maybe on two partitions: no order between them to expect.
+    assert {r.headers["id"].decode() for r in arrived} == {txn.ids[0], txn.ids[2]}
     wait_until(lambda: outbox.confirmed_lsn() >= txn.lsn_after, 30, "the transaction confirmed")
     assert proc.terminate() == 0
 

@@ -35,6 +35,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,6 +214,9 @@ class Faults:
         self.pg_proxy, self.broker_proxy = pg_proxy, broker_proxy
         # per silence fault: (seconds until the slot confirmed past it, its bound)
         self.resumed: list[tuple[float, float]] = []
+        # When each outage held the stack (monotonic start, end; None while it lasts): the time another
+        # outage holds it does not count against a silence's resumption.
+        self._outages: list[list[float | None]] = []
         self.done: dict[str, int] = {}
         self.errors: list[str] = []
         self._threads: list[threading.Thread] = []
@@ -256,16 +261,41 @@ class Faults:
             time.sleep(0.2)
         self.run.note(self.t0, f"kill -9 cdc run (restart in {fault.hold:.1f} s)")
 
+    @contextmanager
+    def _outage(self) -> Iterator[None]:
+        window: list[float | None] = [time.monotonic(), None]
+        self._outages.append(window)
+        try:
+            yield
+        finally:
+            window[1] = time.monotonic()
+
+    def _blocked(self, since: float, now: float, own: list[float | None] | None) -> float:
+        """Seconds of [since, now] during which another outage than ``own`` held the stack."""
+        spans = sorted(
+            (max(start or since, since), min(end or now, now))
+            for start, end in [w for w in self._outages if w is not own]
+        )
+        total, reach = 0.0, since
+        for start, end in spans:
+            start = max(start, reach)
+            if end > start:
+                total += end - start
+                reach = end
+        return total
+
     def kill_broker(self, fault: Fault) -> None:
-        self.stack.kill_broker()
-        self.run.note(self.t0, f"kill -9 kafka (down {fault.hold:.1f} s)")
-        time.sleep(fault.hold)
-        self.stack.up()
+        with self._outage():
+            self.stack.kill_broker()
+            self.run.note(self.t0, f"kill -9 kafka (down {fault.hold:.1f} s)")
+            time.sleep(fault.hold)
+            self.stack.up()
         self.run.note(self.t0, "kafka restarted by stack.sh up")
 
     def restart_postgres(self, fault: Fault) -> None:
-        self.run.note(self.t0, "pg_ctl restart -m immediate")
-        self.stack.restart_postgres()
+        with self._outage():
+            self.run.note(self.t0, "pg_ctl restart -m immediate")
+            self.stack.restart_postgres()
         self.run.note(self.t0, "postgres is back")
 
     def kill_walsender(self, fault: Fault) -> None:
@@ -278,19 +308,21 @@ class Faults:
         self.run.note(self.t0, f"pg_terminate_backend of the walsender ({'done' if rows else 'none active'})")
 
     def registry_down(self, fault: Fault) -> None:
-        self.proxy.stop()
-        self.run.note(self.t0, f"schema registry unreachable for {fault.hold:.1f} s")
-        time.sleep(fault.hold)
-        self.proxy.start()
+        with self._outage():
+            self.proxy.stop()
+            self.run.note(self.t0, f"schema registry unreachable for {fault.hold:.1f} s")
+            time.sleep(fault.hold)
+            self.proxy.start()
         self.run.note(self.t0, "schema registry reachable again")
 
     def freeze_registry(self, fault: Fault) -> None:
-        self.proxy.freeze(new_too=True)
-        self.run.note(
-            self.t0, f"schema registry silent (connections open, nothing passes) for {fault.hold:.1f} s"
-        )
-        time.sleep(fault.hold)
-        self.proxy.thaw()
+        with self._outage():
+            self.proxy.freeze(new_too=True)
+            self.run.note(
+                self.t0, f"schema registry silent (connections open, nothing passes) for {fault.hold:.1f} s"
+            )
+            time.sleep(fault.hold)
+            self.proxy.thaw()
         self.run.note(self.t0, "schema registry answers again")
 
     def freeze_pg(self, fault: Fault) -> None:
@@ -314,24 +346,40 @@ class Faults:
         proxy.freeze()
         frozen = time.monotonic()
         self.run.note(self.t0, f"{what} frozen for good (new ones pass)")
-        self._resumed(frozen, target, bound)
+        self._resumed(frozen, target, bound, None)
 
     def _freeze_then_thaw(self, proxy: TcpProxy, what: str, fault: Fault) -> None:
-        proxy.freeze(new_too=True)
-        self.run.note(self.t0, f"{what} silent for cdc run (every connection) for {fault.hold:.1f} s")
-        time.sleep(fault.hold)
-        target = _current_lsn(self.run.dsn)
-        proxy.thaw()
+        with self._outage():
+            proxy.freeze(new_too=True)
+            self.run.note(self.t0, f"{what} silent for cdc run (every connection) for {fault.hold:.1f} s")
+            time.sleep(fault.hold)
+            target = _current_lsn(self.run.dsn)
+            proxy.thaw()
+        own = self._outages[-1] if self._outages else None
         self.run.note(self.t0, f"{what} answers cdc run again")
-        self._resumed(time.monotonic(), target, FREEZE_BOUND)
+        self._resumed(time.monotonic(), target, FREEZE_BOUND, own)
 
-    def _resumed(self, since: float, target: int, bound: float) -> None:
+    def _resumed(self, since: float, target: int, bound: float, own: list[float | None] | None) -> None:
         """Note how long until the slot confirmed ``target`` (what was committed before the freeze or the
-        thaw): the stream resumed. Watched for ``bound`` and 10 s more; a pipeline kill in between counts."""
-        confirmed = _wait_confirmed(self.run, target, bound + 10)
-        took = time.monotonic() - since
+        thaw): the stream resumed. The time another outage held the stack meanwhile (the next one may begin
+        before the stream has caught up) is not counted; a pipeline kill in between is. Watched for
+        ``bound`` and 10 s more of counted time."""
+        while True:
+            now = time.monotonic()
+            blocked = self._blocked(since, now, own)
+            took = now - since - blocked
+            try:
+                confirmed = _slot_confirmed(self.run.dsn, self.run.slot) >= target
+            except psycopg.Error:
+                confirmed = False
+            if confirmed or took > bound + 10:
+                break
+            time.sleep(0.5)
         self.resumed.append((took if confirmed else float("inf"), bound))
-        self.run.note(self.t0, f"stream resumed after {took:.1f} s" if confirmed else "stream NOT resumed")
+        other = f" ({blocked:.1f} s more under another outage, not counted)" if blocked else ""
+        self.run.note(
+            self.t0, f"stream resumed after {took:.1f} s{other}" if confirmed else "stream NOT resumed"
+        )
 
     def big_transaction(self, fault: Fault) -> None:
         self.run.note(self.t0, f"big transaction of {self.big_rows} rows begins")

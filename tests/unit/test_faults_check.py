@@ -115,3 +115,13 @@ def test_a_seed_replays_its_schedule_and_another_seed_does_not():
 def test_a_run_too_short_for_its_outages_is_refused():
     with pytest.raises(ValueError, match="at least"):
         make_schedule(1, MIN_DURATION - 1)
+
+
+def test_the_time_another_outage_held_the_stack_is_not_counted_against_a_resumption():
+    from tests.faults.run import Faults
+
+    faults = Faults.__new__(Faults)
+    faults._outages = [[10.0, 20.0], [15.0, 30.0], [50.0, None]]
+    assert faults._blocked(12, 40, None) == 18  # overlapping outages count once
+    assert faults._blocked(0, 60, faults._outages[0]) == 25  # its own outage is not another's; one lasts
+    assert faults._blocked(35, 45, None) == 0

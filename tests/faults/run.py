@@ -335,7 +335,10 @@ class Faults:
 
     def freeze_broker(self, fault: Fault) -> None:
         """Every client connection open to the broker goes silent for good; new ones pass."""
-        self._freeze_for_good(self.broker_proxy, "Kafka client connections", BROKER_FREEZE_BOUND)
+        # Exactly once, the failed transaction's abort may wait one more request timeout on the frozen
+        # coordinator connection before a new producer takes over.
+        extra = 60 if self.run.env.get("CDC_DELIVERY") == "exactly-once" else 0
+        self._freeze_for_good(self.broker_proxy, "Kafka client connections", BROKER_FREEZE_BOUND + extra)
 
     def freeze_broker_all(self, fault: Fault) -> None:
         """Every client connection to the broker, new ones too, silent for ``hold``, then thawed."""

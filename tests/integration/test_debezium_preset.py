@@ -14,7 +14,6 @@ What differs by design is asserted as such, so that a change on either side show
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -24,7 +23,6 @@ import psycopg
 import pytest
 from confluent_kafka.admin import NewTopic
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from cdc.config_loader import load_settings
 from cdc.consumer import EventDeserializer
@@ -33,7 +31,8 @@ from tests.bench.debezium import config as dbz
 from tests.bench.debezium.connect import ConnectProcess
 from tests.bench.debezium.jars import ensure_jars
 from tests.integration.stream.test_exactly_once import read_all
-from tests.plugins.pipeline import ROOT, SCHEMAS_DIR, PipelineProcess, free_port, order_placed, wait_until
+from tests.plugins.kafka import read_topics
+from tests.plugins.pipeline import ROOT, SCHEMAS_DIR, PipelineProcess, free_port, order_placed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.debezium]
 
@@ -62,32 +61,19 @@ def rows() -> list[dict[str, Any]]:
     return out
 
 
-def debezium_connector(
-    database: dict[str, Any], slot: str, publication: str, table: str, prefix: str
-) -> dict:
+def debezium_connector(database: dbz.Database, slot: str, publication: str, table: str, prefix: str) -> dict:
     """Debezium's defaults for the Outbox Event Router (its column names, route.by.field = aggregatetype,
     StringConverter for keys and values as the Connect worker below sets), and what a user must set."""
-    return {
-        "name": "debezium-preset-compare",
-        "connector.class": dbz.CONNECTOR_CLASS,
-        "tasks.max": "1",
-        "database.hostname": str(database.get("host") or "127.0.0.1"),
-        "database.port": str(database.get("port") or 5432),
-        "database.user": str(database.get("user") or "postgres"),
-        "database.password": str(database.get("password") or ""),
-        "database.dbname": str(database["dbname"]),
-        "topic.prefix": prefix.replace(".", "_"),
-        "plugin.name": "pgoutput",
-        "slot.name": slot,
-        "publication.name": publication,
-        "publication.autocreate.mode": "disabled",
-        "table.include.list": table,
-        "snapshot.mode": "no_data",
-        "transforms": "outbox",
-        "transforms.outbox.type": dbz.EVENT_ROUTER,
-        "transforms.outbox.route.topic.replacement": prefix + ".${routedByValue}",
-        "transforms.outbox.table.fields.additional.placement": "tenant:header:tenant",
-    }
+    config = dbz.source_config(
+        name="debezium-preset-compare",
+        database=database,
+        slot=slot,
+        publication=publication,
+        table=table,
+        topic_prefix=prefix,
+    )
+    config["transforms.outbox.table.fields.additional.placement"] = "tenant:header:tenant"
+    return config
 
 
 @pytest.fixture
@@ -148,17 +134,13 @@ def test_the_debezium_preset_writes_what_debezium_writes_record_for_record(
         ours = PipelineProcess(env, tmp_path / "cdc.log")
         try:
             ours.wait_streaming()
-            wait_until(
-                lambda: sum(len(read_all(kafka_bootstrap, t, quiet=0.5)) for t in topics[:2]) >= len(written),
-                60,
-                "cdc run to publish every row",
-            )
+            published = read_topics(kafka_bootstrap, topics[:2], len(written), 60)
+            assert len(published) == len(written), f"cdc run published {len(published)}:\n{ours.tail()}"
             assert ours.terminate(timeout=40) == 0, ours.tail()
         finally:
             ours.cleanup()
         # Debezium, the same.
-        params = conninfo_to_dict(outbox.dsn)
-        params["dbname"] = params.get("dbname") or conninfo_to_dict(outbox.dsn)["dbname"]
+        database = dbz.database_from_dsn(outbox.dsn)
         work = tmp_path / "connect"
         work.mkdir(mode=0o700)
         port = free_port()
@@ -169,7 +151,7 @@ def test_the_debezium_preset_writes_what_debezium_writes_record_for_record(
             "offset.storage.file.filename": str(work / "offsets"),
             "listeners": f"http://127.0.0.1:{port}",
         }
-        connector = debezium_connector(params, their_slot, publication, f"public.{table}", their_prefix)
+        connector = debezium_connector(database, their_slot, publication, f"public.{table}", their_prefix)
         for name, config in (("worker", worker), ("connector", connector)):
             (work / f"{name}.properties").write_text(dbz.render_properties(config))
         connect = ConnectProcess(
@@ -180,11 +162,8 @@ def test_the_debezium_preset_writes_what_debezium_writes_record_for_record(
             rest_port=port,
             name=connector["name"],
         )
-        deadline = time.monotonic() + 180
-        while sum(len(read_all(kafka_bootstrap, t, quiet=0.5)) for t in topics[2:4]) < len(written):
-            connect.check()
-            assert time.monotonic() < deadline, f"Debezium did not publish every row:\n{connect.log_tail()}"
-            time.sleep(2)
+        published = read_topics(kafka_bootstrap, topics[2:4], len(written), 180, check=connect.check)
+        assert len(published) == len(written), f"Debezium published {len(published)}:\n{connect.log_tail()}"
         connect.stop()
 
         compare(written, kafka_bootstrap, ours_prefix, their_prefix)

@@ -111,6 +111,21 @@ def read_topic(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> lis
     it returns what it has, and the caller's assertion says what is missing). Waits for the topic to exist.
     Partitions are assigned, not subscribed: no consumer group to form, and no rebalance that would re-read
     a partition and show phantom duplicates."""
+    return read_topics(bootstrap, [topic], n, timeout)
+
+
+def read_topics(
+    bootstrap: str,
+    topics: list[str],
+    n: int,
+    timeout: float = 30.0,
+    *,
+    check: Callable[[], None] | None = None,
+) -> list[Record]:
+    """`read_topic` over several topics with one consumer: `n` records in all. `check` is called between
+    polls (a relay's liveness check, say), so that a crashed writer fails the wait at once. One consumer
+    kept for the whole wait: a fresh consumer per poll may stop short of records a slow first fetch
+    has not brought yet, and never reach `n` on a loaded machine."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -122,15 +137,22 @@ def read_topic(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> lis
     records: list[Record] = []
     try:
         deadline = time.monotonic() + timeout
-        while True:  # the pipeline may not have created the topic yet
-            metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-            if metadata is not None and metadata.error is None and metadata.partitions:
-                break
-            if time.monotonic() >= deadline:
-                return records
-            time.sleep(0.2)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
+        assignment: list[TopicPartition] = []
+        for topic in topics:
+            while True:  # the pipeline may not have created the topic yet
+                metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+                if metadata is not None and metadata.error is None and metadata.partitions:
+                    break
+                if time.monotonic() >= deadline:
+                    return records
+                if check is not None:
+                    check()
+                time.sleep(0.2)
+            assignment += [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
+        consumer.assign(assignment)
         while len(records) < n and time.monotonic() < deadline:
+            if check is not None:
+                check()
             for msg in consumer.consume(num_messages=min(10_000, n - len(records)), timeout=0.5):
                 err = msg.error()
                 if err is not None:

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic
-from psycopg.conninfo import conninfo_to_dict
 
 from cdc.config_loader import load_settings
 from cdc.ops import setup as cdc_setup
@@ -283,14 +282,7 @@ class DebeziumBench:
         self, relay: str, slot: str, libs: Path, log: Path, details: dict[str, Any]
     ) -> ConnectProcess:
         variant = self.variant(relay)
-        params = conninfo_to_dict(self.bench_dsn)
-        database = dbz.Database(
-            host=str(params.get("host") or "127.0.0.1"),
-            port=int(params.get("port") or 5432),
-            user=str(params.get("user") or "postgres"),
-            password=str(params.get("password") or ""),
-            dbname=self.args.database,
-        )
+        database = dbz.database_from_dsn(self.bench_dsn)
         connector = dbz.connector_config(
             variant,
             database=database,

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
+
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
 STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
@@ -86,23 +88,30 @@ class Database:
     dbname: str
 
 
+def database_from_dsn(dsn: str) -> Database:
+    """The connector's view of a libpq DSN (its defaults where the DSN says nothing)."""
+    params = conninfo_to_dict(dsn)
+    return Database(
+        host=str(params.get("host") or "127.0.0.1"),
+        port=int(params.get("port") or 5432),
+        user=str(params.get("user") or "postgres"),
+        password=str(params.get("password") or ""),
+        dbname=str(params.get("dbname") or ""),
+    )
+
+
 def connector_name(variant: Variant) -> str:
     return f"bench-debezium-{variant.name}"
 
 
-def connector_config(
-    variant: Variant,
-    *,
-    database: Database,
-    slot: str,
-    publication: str,
-    table: str,
-    topic_prefix: str,
+def source_config(
+    *, name: str, database: Database, slot: str, publication: str, table: str, topic_prefix: str
 ) -> dict[str, str]:
-    """The connector's properties. The Event Router routes by ``aggregate_type`` to
-    ``<topic_prefix>.<aggregate_type>`` (a topic of the variant's own, created by the bench)."""
-    config = {
-        "name": connector_name(variant),
+    """What any Debezium outbox connector of the tests needs: where it reads (the slot and publication made
+    beforehand, no snapshot) and the Event Router writing to ``<topic_prefix>.${routedByValue}``, with the
+    router's own defaults for the columns."""
+    return {
+        "name": name,
         "connector.class": CONNECTOR_CLASS,
         "tasks.max": "1",
         "database.hostname": database.host,
@@ -120,17 +129,42 @@ def connector_config(
         "snapshot.mode": "no_data",
         "transforms": "outbox",
         "transforms.outbox.type": EVENT_ROUTER,
-        "transforms.outbox.table.field.event.id": "id",
-        "transforms.outbox.table.field.event.key": "aggregate_id",
-        "transforms.outbox.table.field.event.payload": "payload",
-        "transforms.outbox.table.field.event.type": "event_type",
-        "transforms.outbox.route.by.field": "aggregate_type",
         "transforms.outbox.route.topic.replacement": topic_prefix + ".${routedByValue}",
-        # cdc run sends the event type and schema version as headers too (docs/design.md).
-        "transforms.outbox.table.fields.additional.placement": (
-            "event_type:header:event_type,schema_version:header:schema_version"
-        ),
     }
+
+
+def connector_config(
+    variant: Variant,
+    *,
+    database: Database,
+    slot: str,
+    publication: str,
+    table: str,
+    topic_prefix: str,
+) -> dict[str, str]:
+    """The connector's properties. The Event Router routes by ``aggregate_type`` to
+    ``<topic_prefix>.<aggregate_type>`` (a topic of the variant's own, created by the bench)."""
+    config = source_config(
+        name=connector_name(variant),
+        database=database,
+        slot=slot,
+        publication=publication,
+        table=table,
+        topic_prefix=topic_prefix,
+    )
+    config.update(
+        {
+            "transforms.outbox.table.field.event.id": "id",
+            "transforms.outbox.table.field.event.key": "aggregate_id",
+            "transforms.outbox.table.field.event.payload": "payload",
+            "transforms.outbox.table.field.event.type": "event_type",
+            "transforms.outbox.route.by.field": "aggregate_type",
+            # cdc run sends the event type and schema version as headers too (docs/design.md).
+            "transforms.outbox.table.fields.additional.placement": (
+                "event_type:header:event_type,schema_version:header:schema_version"
+            ),
+        }
+    )
     config.update(variant.connector)
     return config
 

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test test-matrix unit test-integration demo bench bench-consumer bench-debezium faults stack-up stack-down stack-status clean
+.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-debezium faults stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -49,6 +49,10 @@ test-matrix: $(STAMP) ## the core integration tests on each PostgreSQL version (
 	done; \
 	if [ -n "$$failed" ]; then echo "test-matrix: FAILED on PostgreSQL$$failed"; exit 1; fi; \
 	echo "test-matrix: passed on PostgreSQL $(PG_VERSIONS)"
+
+test-secure: $(STAMP) ## the core integration tests against the secure stack (TLS + SCRAM to PostgreSQL, SASL_SSL + ACLs to Kafka, HTTPS registry)
+	CDC_STACK_SECURE=1 bash stack/stack.sh up
+	. .stack/env && $(BIN)/pytest tests/integration -m core $(PYTEST_ARGS)
 
 unit: $(STAMP) ## only the tests that need no service
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

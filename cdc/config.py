@@ -180,6 +180,8 @@ class Settings:
     dlq_topic: str = "outbox.dlq"
     value_format: str = "single-object"
     schema_registry_url: str | None = None
+    # The CA bundle (PEM) that an https:// registry's certificate must chain to; None: the system's.
+    schema_registry_ca_file: str | None = None
     schema_compatibility: str = "BACKWARD"
     subject_name_strategy: str = "topic_record"
     topic_partitions: int = 3

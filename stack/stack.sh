@@ -24,19 +24,40 @@
 # keep a cluster, a port (254NN for version NN) and a log of their own, so that several versions can run side
 # by side with the one Kafka and registry. `up` writes .stack/env for the version it started; `down` stops
 # every cluster of the stack.
+#
+# CDC_STACK_SECURE=1 starts the secure stack instead (stack/secure.sh): TLS and SCRAM to PostgreSQL,
+# SASL_SSL with ACLs to Kafka, HTTPS to the registry. Its clusters, logs and pid files carry a "-secure"
+# suffix and its ports differ (PostgreSQL 24432 or 244NN, Kafka 27092/27093/27097, registry 27081), so that
+# it runs beside the plain stack; `up` writes its URLs and credentials into .stack/env.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STACK_DIR=${CDC_STACK_DIR:-$ROOT/.stack}
 PG_DEFAULT_VERSION=15
 PG_VERSION=${CDC_STACK_PG_VERSION:-$PG_DEFAULT_VERSION}
+SECURE=${CDC_STACK_SECURE:-0}
+case "$SECURE" in
+    1)
+        # Ports of its own, so that it runs beside the plain stack.
+        MODE=-secure
+        if [ "$PG_VERSION" = "$PG_DEFAULT_VERSION" ]; then
+            : "${CDC_STACK_PG_PORT:=24432}"
+        else
+            : "${CDC_STACK_PG_PORT:=244$PG_VERSION}"
+        fi
+        : "${CDC_STACK_KAFKA_PORT:=27092}" "${CDC_STACK_KAFKA_CONTROLLER_PORT:=27093}"
+        : "${CDC_STACK_REGISTRY_PORT:=27081}"
+        ;;
+    0 | "") SECURE=0 MODE= ;;
+    *) printf 'stack: FAILED: CDC_STACK_SECURE=%s is not 0 or 1\n' "$SECURE" >&2 && exit 2 ;;
+esac
 # The server release that each major version resolves to, from io.zonky.test.postgres.
 declare -A PG_RELEASES=([13]=13.22.0 [14]=14.19.0 [16]=16.10.0 [17]=17.6.0 [18]=18.0.0)
 if [ "$PG_VERSION" = "$PG_DEFAULT_VERSION" ]; then
-    PG_SUFFIX=
+    PG_SUFFIX=$MODE
     PG_PORT=${CDC_STACK_PG_PORT:-25432}
 elif [ -n "${PG_RELEASES[$PG_VERSION]:-}" ]; then
-    PG_SUFFIX=-$PG_VERSION
+    PG_SUFFIX=-$PG_VERSION$MODE
     PG_PORT=${CDC_STACK_PG_PORT:-254$PG_VERSION}
 else
     printf 'stack: FAILED: CDC_STACK_PG_VERSION=%s is not one of 13 14 15 16 17 18\n' "$PG_VERSION" >&2
@@ -54,16 +75,21 @@ PG_SUPERUSER=postgres
 
 KAFKA_HOME=$STACK_DIR/kafka
 KAFKA_LIBS=$KAFKA_HOME/libs
-KAFKA_DATA=$KAFKA_HOME/data
-KAFKA_LOG=$STACK_DIR/logs/kafka.log
-KAFKA_PID=$STACK_DIR/kafka.pid
+KAFKA_DATA=$KAFKA_HOME/data$MODE
+KAFKA_LOG=$STACK_DIR/logs/kafka$MODE.log
+KAFKA_PID=$STACK_DIR/kafka$MODE.pid
+KAFKA_PROPERTIES=$KAFKA_HOME/server$MODE.properties
 
 REGISTRY_HOME=$STACK_DIR/registry
 REGISTRY_BUILD=$REGISTRY_HOME/build
 REGISTRY_JAR=$REGISTRY_BUILD/quarkus-app/quarkus-run.jar
-REGISTRY_LOG=$STACK_DIR/logs/registry.log
-REGISTRY_PID=$STACK_DIR/registry.pid
-REGISTRY_API=http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7
+REGISTRY_LOG=$STACK_DIR/logs/registry$MODE.log
+REGISTRY_PID=$STACK_DIR/registry$MODE.pid
+if [ "$SECURE" = 1 ]; then
+    REGISTRY_API=https://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7
+else
+    REGISTRY_API=http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7
+fi
 
 say() { printf 'stack: %s\n' "$*"; }
 fail() {
@@ -119,6 +145,9 @@ as_pg() {
     if is_root; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 
+# shellcheck source=stack/secure.sh
+. "$ROOT/stack/secure.sh"
+
 apt_install() {
     is_root || fail "please install the Debian packages: $* (needs root: sudo apt-get install -y $*)"
     say "installing $* from Debian's packages"
@@ -149,7 +178,7 @@ ensure_postgres_installed() {
 # The server binaries of PG_VERSION, once choose_pg_base has said where the cluster (and so the unpacked
 # binaries, which the 'postgres' user must run) lives.
 ensure_pg_server() {
-    [ -n "$PG_SUFFIX" ] && fetch_postgres_release
+    [ "$PG_VERSION" != "$PG_DEFAULT_VERSION" ] && fetch_postgres_release
     return 0
 }
 
@@ -211,7 +240,7 @@ listen_addresses = '127.0.0.1'
 port = $PG_PORT
 unix_socket_directories = '$PG_RUN'
 wal_level = logical
-# `cdc recover` selects the rows a lost slot may not have delivered by their commit time.
+# cdc recover selects the rows a lost slot may not have delivered by their commit time.
 track_commit_timestamp = on
 max_replication_slots = 64
 max_wal_senders = 64
@@ -220,6 +249,12 @@ wal_sender_timeout = 60s
 log_min_messages = warning
 log_line_prefix = '%m [%p] %q%u@%d '
 EOF
+    if [ "$SECURE" = 1 ]; then
+        pg_secure_conf >>"$PG_DATA/postgresql.conf"
+        pg_secure_hba >"$PG_DATA/pg_hba.conf"
+        install_pg_tls "$PG_DATA"
+        return 0
+    fi
     cat >"$PG_DATA/pg_hba.conf" <<EOF
 # TCP is password-authenticated; the Unix socket under .stack/run is for the stack script only.
 local   all             all                                     trust
@@ -231,6 +266,7 @@ EOF
 
 start_postgres() {
     ensure_postgres_installed
+    [ "$SECURE" = 1 ] && ensure_tls
     choose_pg_base
     ensure_pg_server
     init_postgres
@@ -274,11 +310,13 @@ server_bin_for() {
 # Every cluster of this stack: the default version's, one per other version that was started, and their
 # standbys (stopped first).
 all_pg_data() {
-    local major data
+    local major data mode
     for major in "$PG_DEFAULT_VERSION" "${!PG_RELEASES[@]}"; do
-        if [ "$major" = "$PG_DEFAULT_VERSION" ]; then data=$PG_BASE/pg; else data=$PG_BASE/pg-$major; fi
-        echo "$data-standby"
-        echo "$data"
+        for mode in "" -secure; do
+            if [ "$major" = "$PG_DEFAULT_VERSION" ]; then data=$PG_BASE/pg$mode; else data=$PG_BASE/pg-$major$mode; fi
+            echo "$data-standby"
+            echo "$data"
+        done
     done
 }
 
@@ -327,7 +365,9 @@ start_standby() {
             {
                 echo "port = $standby_port"
                 echo "unix_socket_directories = '$PG_STANDBY_RUN'"
-                echo "primary_conninfo = 'host=127.0.0.1 port=$PG_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB'"
+                local tls=
+                [ "$SECURE" = 1 ] && tls=" sslmode=verify-full sslrootcert=ca.pem"
+                echo "primary_conninfo = 'host=127.0.0.1 port=$PG_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB$tls'"
                 echo "primary_slot_name = '$slot'"
                 echo "hot_standby_feedback = on"
                 if [ "$major" -ge 17 ]; then
@@ -402,12 +442,15 @@ start_kafka() {
     sed -e "/^advertised.listeners=/s|PLAINTEXT://127.0.0.1:@PORT@,CONTROLLER|PLAINTEXT://127.0.0.1:@ADVERTISED_PORT@,CONTROLLER|" \
         -e "s|@ADVERTISED_PORT@|$KAFKA_ADVERTISED_PORT|g" \
         -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
-        -e "s|@DATA_DIR@|$KAFKA_DATA|g" "$ROOT/stack/kafka/server.properties.in" >"$KAFKA_HOME/server.properties"
-    if [ "$KAFKA_ADVERTISED_PORT" != "$KAFKA_PORT" ]; then
+        -e "s|@DATA_DIR@|$KAFKA_DATA|g" "$ROOT/stack/kafka/server.properties.in" >"$KAFKA_PROPERTIES"
+    if [ "$SECURE" = 1 ]; then
+        ensure_tls
+        kafka_secure_properties $((KAFKA_PORT + 5)) >>"$KAFKA_PROPERTIES"
+    elif [ "$KAFKA_ADVERTISED_PORT" != "$KAFKA_PORT" ]; then
         # The broker's own connections (to itself: transaction markers) on a listener of their own, so that
         # freezing the clients' proxy freezes clients only. Later keys override earlier ones.
         local internal=$((KAFKA_PORT + 5))
-        cat >>"$KAFKA_HOME/server.properties" <<EOF
+        cat >>"$KAFKA_PROPERTIES" <<EOF
 listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,INTERNAL://127.0.0.1:$internal
 advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_ADVERTISED_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,INTERNAL://127.0.0.1:$internal
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT
@@ -416,19 +459,21 @@ EOF
     fi
     if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
         say "formatting Kafka storage (KRaft, standalone controller)"
-        local cluster_id
+        local cluster_id scram=()
         cluster_id=$("${KAFKA_JAVA[@]}" kafka.tools.StorageTool random-uuid 2>>"$KAFKA_LOG" | tail -n 1)
+        [ "$SECURE" = 1 ] && mapfile -t scram < <(kafka_scram_args)
         "${KAFKA_JAVA[@]}" kafka.tools.StorageTool format --standalone -t "$cluster_id" \
-            -c "$KAFKA_HOME/server.properties" >>"$KAFKA_LOG" 2>&1 || fail "kafka storage format failed" "$KAFKA_LOG"
+            -c "$KAFKA_PROPERTIES" "${scram[@]}" >>"$KAFKA_LOG" 2>&1 || fail "kafka storage format failed" "$KAFKA_LOG"
     fi
     say "starting kafka on 127.0.0.1:$KAFKA_PORT"
     # setsid: the broker must outlive this script but not take its terminal's signals.
-    setsid "${KAFKA_JAVA[@]}" kafka.Kafka "$KAFKA_HOME/server.properties" >"$KAFKA_LOG" 2>&1 </dev/null &
+    setsid "${KAFKA_JAVA[@]}" kafka.Kafka "$KAFKA_PROPERTIES" >"$KAFKA_LOG" 2>&1 </dev/null &
     echo $! >"$KAFKA_PID"
     local i
     for i in $(seq 1 120); do
         if ! kafka_running; then rm -f "$KAFKA_PID"; fail "kafka exited during start-up" "$KAFKA_LOG"; fi
         if port_open "$KAFKA_PORT" && grep -q "Kafka Server started" "$KAFKA_LOG"; then
+            [ "$SECURE" = 1 ] && grant_kafka_acls
             return 0
         fi
         sleep 0.5
@@ -458,7 +503,6 @@ stop_by_pid_file() {
     rm -f "$pid_file"
 }
 
-stop_kafka() { stop_by_pid_file kafka "$KAFKA_PID"; }
 
 # The registry's build is keyed by its pom and build-time properties: a change to either rebuilds it.
 registry_build_key() {
@@ -515,7 +559,9 @@ registry_running() { [ -f "$REGISTRY_PID" ] && kill -0 "$(cat "$REGISTRY_PID")" 
 # The Confluent-compatible API answers with the subjects, a JSON array.
 registry_answers() {
     local out
-    out=$(curl -sf --max-time 5 "$REGISTRY_API/subjects" 2>/dev/null) || return 1
+    local tls=()
+    [ "$SECURE" = 1 ] && tls=(--cacert "$CA_FILE")
+    out=$(curl -sf --max-time 5 "${tls[@]}" "$REGISTRY_API/subjects" 2>/dev/null) || return 1
     [[ $out == \[* ]]
 }
 
@@ -532,6 +578,11 @@ start_registry() {
         fail "port $REGISTRY_PORT is taken by a process this stack did not start (set CDC_STACK_REGISTRY_PORT)"
     fi
     command -v curl >/dev/null 2>&1 || apt_install curl
+    local tls=()
+    if [ "$SECURE" = 1 ]; then
+        ensure_tls
+        mapfile -t tls < <(registry_tls_args)
+    fi
     say "starting the schema registry on 127.0.0.1:$REGISTRY_PORT"
     # In memory (H2): its schemas last as long as the process. Authentication is off, and set so explicitly:
     # Apicurio also reads AUTH_ENABLED and friends from the environment. The ccompat API hands out content
@@ -540,7 +591,7 @@ start_registry() {
     # its ObjectStore; exec, so that the pid is the JVM's.
     (cd "$REGISTRY_HOME" && exec setsid java -Xms64m -Xmx384m -XX:+UseSerialGC -Djava.awt.headless=true \
         -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$REGISTRY_PORT" \
-        -Dregistry.auth.enabled=false -Dregistry.ccompat.legacy-id-mode.enabled=false \
+        -Dregistry.auth.enabled=false -Dregistry.ccompat.legacy-id-mode.enabled=false "${tls[@]}" \
         -jar "$REGISTRY_JAR") >"$REGISTRY_LOG" 2>&1 </dev/null &
     echo $! >"$REGISTRY_PID"
     local i
@@ -555,13 +606,16 @@ start_registry() {
     fail "the schema registry does not answer at $REGISTRY_API after 120 s" "$REGISTRY_LOG"
 }
 
-stop_registry() { stop_by_pid_file "schema registry" "$REGISTRY_PID"; }
 
 write_env() {
     if [ -f "$PG_STANDBY_DATA/PG_VERSION" ] && as_pg "$PG_BIN/pg_ctl" -D "$PG_STANDBY_DATA" status >/dev/null 2>&1; then
         PG_STANDBY_PORT=$((PG_PORT + 100))
     fi
-    local url="postgresql://$PG_SUPERUSER:$(pg_password)@127.0.0.1:$PG_PORT/$PG_DB"
+    local url="postgresql://$PG_SUPERUSER:$(pg_password)@127.0.0.1:$PG_PORT/$PG_DB" tls=
+    if [ "$SECURE" = 1 ]; then
+        url="$url?$(pg_tls_params)"
+        tls=" sslmode=verify-full sslrootcert=$CA_FILE"
+    fi
     (
         umask 077
         cat >"$STACK_DIR/env" <<EOF
@@ -576,11 +630,12 @@ export CDC_STACK_PG_PORT='$PG_PORT'
 export CDC_STACK_KAFKA_LIBS='$KAFKA_LIBS'
 export CDC_STACK_PROMTOOL='${PROMTOOL:-}'
 EOF
+        [ "$SECURE" = 1 ] && secure_env >>"$STACK_DIR/env"
         if [ -n "${PG_STANDBY_PORT:-}" ]; then
             cat >>"$STACK_DIR/env" <<EOF
 # The primary and its standby (stack/stack.sh standby): what follows a promotion.
 export CDC_STACK_PG_STANDBY_PORT='$PG_STANDBY_PORT'
-export CDC_STACK_PG_FAILOVER_URL='host=127.0.0.1,127.0.0.1 port=$PG_PORT,$PG_STANDBY_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB target_session_attrs=read-write'
+export CDC_STACK_PG_FAILOVER_URL='host=127.0.0.1,127.0.0.1 port=$PG_PORT,$PG_STANDBY_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB target_session_attrs=read-write$tls'
 EOF
         fi
     )
@@ -620,8 +675,12 @@ cmd_up() {
 
 cmd_down() {
     mkdir -p "$STACK_DIR/logs"
-    stop_registry
-    stop_kafka
+    local mode
+    # Both modes' Kafka and registry: `down` stops whatever this stack started.
+    for mode in "" -secure; do
+        stop_by_pid_file "schema registry$mode" "$STACK_DIR/registry$mode.pid"
+        stop_by_pid_file "kafka$mode" "$STACK_DIR/kafka$mode.pid"
+    done
     stop_postgres
 }
 

@@ -84,13 +84,14 @@ class EventDeserializer:
         schema_registry_url: str | None = None,
         reader_versions: Mapping[str, int] | None = None,
         registry: SchemaRegistry | None = None,
+        schema_registry_ca_file: str | None = None,
     ) -> None:
         self.store = SchemaStore(schemas_dir)
         self._owns_registry = registry is None and schema_registry_url is not None
         if registry is None and schema_registry_url is not None:
             from cdc.avro.registry import SchemaRegistry  # its HTTP stack only for those who use a registry
 
-            registry = SchemaRegistry(schema_registry_url, self.store)
+            registry = SchemaRegistry(schema_registry_url, self.store, ca_file=schema_registry_ca_file)
         self.registry = registry
         self.reader_versions = dict(reader_versions or {})
         self._by_id: dict[int, tuple[str, int | None, Any]] = {}  # schema id -> (event type, version, writer)

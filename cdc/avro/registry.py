@@ -23,6 +23,7 @@ an event to the dead-letter topic.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -54,6 +55,7 @@ class SchemaRegistry:
         compatibility: str = "BACKWARD",
         strategy: str = "topic_record",
         timeout: float = REQUEST_TIMEOUT,
+        ca_file: str | None = None,
     ) -> None:
         self.store = store
         self.compatibility = compatibility
@@ -66,6 +68,14 @@ class SchemaRegistry:
             conf["basic.auth.user.info"] = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
             parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
         conf["url"] = urlunsplit(parts)
+        if ca_file is not None:
+            if not os.access(ca_file, os.R_OK):
+                raise ConfigError(
+                    f"setting 'schema_registry_ca_file' names {ca_file}, which this process cannot read: "
+                    "give the PEM file of the CA that signed the registry's certificate",
+                    key="schema_registry_ca_file",
+                )
+            conf["ssl.ca.location"] = ca_file
         try:
             self.client = SchemaRegistryClient(conf)
         except (TypeError, ValueError) as exc:
@@ -88,6 +98,7 @@ class SchemaRegistry:
             store,
             compatibility=settings.schema_compatibility,
             strategy=settings.subject_name_strategy,
+            ca_file=settings.schema_registry_ca_file,
         )
 
     def close(self) -> None:

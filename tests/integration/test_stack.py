@@ -19,6 +19,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from psycopg import sql
 
+from tests.plugins.kafka import client_config
 from tests.plugins.pipeline import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def test_replication_connection_opens(pg_database):
 
 def test_kafka_produces_and_consumes(kafka_bootstrap, topic_factory, consume):
     topic = topic_factory(partitions=2)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    producer = Producer({**client_config(kafka_bootstrap), "enable.idempotence": True})
     sent = [(f"k{i}".encode(), uuid.uuid4().bytes) for i in range(10)]
     for key, value in sent:
         producer.produce(topic, key=key, value=value, headers=[("h", key)])

@@ -15,6 +15,71 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.plugins.services import service_missing
 
+# The librdkafka keys of the secure stack's connection (CDC_KAFKA_<KEY> in .stack/env), apart from the
+# bootstrap servers.
+_SECURITY_ENV = (
+    "CDC_KAFKA_SECURITY_PROTOCOL",
+    "CDC_KAFKA_SASL_MECHANISM",
+    "CDC_KAFKA_SASL_USERNAME",
+    "CDC_KAFKA_SASL_PASSWORD",
+    "CDC_KAFKA_SSL_CA_LOCATION",
+)
+
+
+def _secured(bootstrap: str | None) -> bool:
+    """Whether `bootstrap` is the secure stack's broker (CDC_STACK_SECURE=1): a private broker of a test is
+    plaintext whatever the stack is."""
+    return os.environ.get("CDC_STACK_SECURE") == "1" and bootstrap == os.environ.get(
+        "CDC_KAFKA_BOOTSTRAP_SERVERS"
+    )
+
+
+def client_config(bootstrap: str, *, user: str = "admin") -> dict[str, str]:
+    """The connection settings of a test's own client: the bootstrap servers and, on the secure stack,
+    SASL_SSL as one of its users (``admin``, the super user; ``consumer``; ``cdc``, the pipeline's)."""
+    conf = {"bootstrap.servers": bootstrap}
+    if _secured(bootstrap):
+        env = os.environ
+        conf.update(
+            {
+                "security.protocol": env["CDC_KAFKA_SECURITY_PROTOCOL"],
+                "sasl.mechanism": env["CDC_KAFKA_SASL_MECHANISM"],
+                "ssl.ca.location": env["CDC_KAFKA_SSL_CA_LOCATION"],
+            }
+        )
+        if user == "cdc":
+            conf.update(
+                {
+                    "sasl.username": env["CDC_KAFKA_SASL_USERNAME"],
+                    "sasl.password": env["CDC_KAFKA_SASL_PASSWORD"],
+                }
+            )
+        else:
+            prefix = f"CDC_STACK_KAFKA_{user.upper()}_"
+            conf.update(
+                {"sasl.username": env[prefix + "USERNAME"], "sasl.password": env[prefix + "PASSWORD"]}
+            )
+    return conf
+
+
+def kafka_security_env(bootstrap: str | None) -> dict[str, str]:
+    """The CDC_KAFKA_* variables that connect the pipeline to `bootstrap` as the stack's ``cdc`` user: empty
+    but on the secure stack."""
+    return {k: os.environ[k] for k in _SECURITY_ENV if k in os.environ} if _secured(bootstrap) else {}
+
+
+def with_stack_security(env: dict[str, str]) -> dict[str, str]:
+    """A `cdc` subprocess's environment, secured as the stack is: the security variables of the broker and
+    the registry it is given when they are the secure stack's, none when it talks to a plaintext broker of
+    a test's own."""
+    out = {k: v for k, v in env.items() if k not in _SECURITY_ENV}
+    out.update(kafka_security_env(env.get("CDC_KAFKA_BOOTSTRAP_SERVERS")))
+    ca = os.environ.get("CDC_SCHEMA_REGISTRY_CA_FILE")
+    registry = env.get("CDC_SCHEMA_REGISTRY_URL")
+    if ca and registry and registry == os.environ.get("CDC_SCHEMA_REGISTRY_URL"):
+        out.setdefault("CDC_SCHEMA_REGISTRY_CA_FILE", ca)
+    return out
+
 
 @dataclass(frozen=True)
 class Record:
@@ -33,7 +98,7 @@ def kafka_bootstrap() -> str:
     if not servers:
         service_missing("Kafka is not configured: CDC_KAFKA_BOOTSTRAP_SERVERS is not set")
         raise AssertionError("unreachable")
-    admin = AdminClient({"bootstrap.servers": servers})
+    admin = AdminClient(client_config(servers))
     try:
         admin.list_topics(timeout=10)
     except KafkaException as exc:
@@ -46,7 +111,7 @@ def _wait_for_group_coordinator(servers: str, timeout: float = 60.0) -> None:
     """The first consumer group of a fresh broker creates __consumer_offsets and loads its coordinator: for
     some seconds, group calls fail with NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS. Wait for that once
     here, rather than in whichever test happens to run first."""
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"test-warm-up-{uuid.uuid4().hex}"})
+    consumer = Consumer({**client_config(servers), "group.id": f"test-warm-up-{uuid.uuid4().hex}"})
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -63,7 +128,7 @@ def _wait_for_group_coordinator(servers: str, timeout: float = 60.0) -> None:
 
 @pytest.fixture(scope="session")
 def kafka_admin(kafka_bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+    return AdminClient(client_config(kafka_bootstrap))
 
 
 def create_topic(admin: AdminClient, name: str, partitions: int = 1) -> None:
@@ -128,7 +193,7 @@ def read_topics(
     has not brought yet, and never reach `n` on a loaded machine."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"test-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",

@@ -37,7 +37,14 @@ from confluent_kafka.admin import AdminClient
 from cdc.config import Settings
 from cdc.config_loader import load_settings
 from cdc.errors import parse_lsn
-from tests.plugins.kafka import Record, delete_topics, read_topic
+from tests.plugins.kafka import (
+    Record,
+    client_config,
+    delete_topics,
+    kafka_security_env,
+    read_topic,
+    with_stack_security,
+)
 from tests.plugins.proxy import KafkaProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +82,7 @@ def cdc(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.Comp
     return subprocess.run(
         [sys.executable, "-m", "cdc", *args],
         cwd=ROOT,
-        env=env,
+        env=with_stack_security(env),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -121,7 +128,7 @@ _NOT_READY = {
 def topic_size(bootstrap: str, topic: str, timeout: float = 20.0) -> int:
     """How many records `topic` holds (sum over partitions of high - low watermark); 0 when it is missing.
     Waits (up to `timeout`) for partitions that have no leader yet, rather than guessing their size."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"size-{uuid.uuid4().hex}"})
+    consumer = Consumer({**client_config(bootstrap), "group.id": f"size-{uuid.uuid4().hex}"})
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -145,7 +152,7 @@ def topic_size(bootstrap: str, topic: str, timeout: float = 20.0) -> int:
 
 
 def topic_partitions(bootstrap: str, topic: str) -> int:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
     return 0 if metadata is None or metadata.error is not None else len(metadata.partitions)
 
@@ -449,7 +456,9 @@ def outbox(
         "topic_partitions": 3,
         "status_interval": 1.0,
     }
-    settings = load_settings(config_file=None, environ={}, overrides=overrides)
+    settings = load_settings(
+        config_file=None, environ=kafka_security_env(kafka_bootstrap), overrides=overrides
+    )
     from cdc.ops import setup as cdc_setup
 
     cdc_setup.apply(settings)
@@ -497,6 +506,7 @@ class ModuleProcess:
     in `log_path`; `what` names it in failure messages."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, what: str) -> None:
+        env = with_stack_security(env)
         self.env = env
         self.log_path = log_path
         self.what = what
@@ -738,7 +748,7 @@ class PrivateKafka:
                     f"the private Kafka broker did not start in {timeout:g} s:\n{self.tail()}"
                 )
             time.sleep(0.2)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient(client_config(self.bootstrap))
         admin.list_topics(timeout=30)
 
     def stop(self, timeout: float = 60.0) -> None:

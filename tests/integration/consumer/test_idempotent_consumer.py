@@ -30,7 +30,7 @@ from cdc.avro.encoder import AvroEncoder, confluent_header
 from cdc.avro.registry import SchemaRegistry
 from cdc.avro.store import SchemaStore
 from cdc.outbox import emit
-from tests.plugins.kafka import create_topic, delete_topics
+from tests.plugins.kafka import client_config, create_topic, delete_topics
 from tests.plugins.pipeline import (
     SCHEMAS_DIR,
     ModuleProcess,
@@ -121,7 +121,7 @@ class Rig:
 
     def produce(self, orders: list[Order]) -> None:
         """As the pipeline publishes: single-object Avro, keyed by the aggregate id, its headers."""
-        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True})
+        producer = Producer({**client_config(self.bootstrap), "enable.idempotence": True})
         for order in orders:
             value = order.value
             if value is None:
@@ -156,7 +156,7 @@ class Rig:
         """The group's committed offsets summed over the topic's partitions (= records acknowledged)."""
         topic = topic or self.topic
         partitions = self.admin.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.name})
+        consumer = Consumer({**client_config(self.bootstrap), "group.id": self.name})
         try:
             offsets = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
         except KafkaException as exc:
@@ -399,7 +399,7 @@ def test_end_to_end_app_transaction_to_one_invoice_per_order(rig, outbox, pipeli
     assert rig.invoices_per_order() == {f"e2e-{i}": 1 for i in range(5)}
     # A pipeline restart republishes what it had not confirmed: the same records once more.
     again = consume(topic, 5)[:2]
-    producer = Producer({"bootstrap.servers": rig.bootstrap})
+    producer = Producer({**client_config(rig.bootstrap)})
     for r in again:
         producer.produce(
             topic, key=r.key, value=r.value, headers=list(r.headers.items()), partition=r.partition
@@ -562,7 +562,7 @@ def test_a_dead_letter_too_large_for_its_topic_is_sent_reduced(rig, consume):
     small = NewTopic(rig.dlq, num_partitions=1, replication_factor=1, config={"max.message.bytes": "4096"})
     rig.admin.create_topics([small])[rig.dlq].result(timeout=30)
     bad, after = Order("o-bad", key="k" * 2000), Order("o-after")
-    producer = Producer({"bootstrap.servers": rig.bootstrap})
+    producer = Producer({**client_config(rig.bootstrap)})
     producer.produce(
         rig.topic,
         key=bad.key,

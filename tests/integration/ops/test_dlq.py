@@ -14,7 +14,7 @@ from fastavro.schema import parse_schema
 from cdc.avro.encoder import MAGIC
 from cdc.avro.store import SchemaStore
 from cdc.ops.discard import who
-from tests.plugins.kafka import java_partition, read_topic
+from tests.plugins.kafka import client_config, java_partition, read_topic
 from tests.plugins.pipeline import SCHEMAS_DIR, cdc, order_placed, topic_size
 
 PLANT = "PAYLOAD-PLANT-5e1f"  # only ever in the payload: wherever it shows up, the payload was shown
@@ -31,7 +31,7 @@ INVOICE_V1 = {
 
 
 def committed_offsets(bootstrap, topic):
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cdc-dlq-{topic}"})
+    consumer = Consumer({**client_config(bootstrap), "group.id": f"cdc-dlq-{topic}"})
     try:
         tps = [TopicPartition(topic, p) for p in range(3)]
         return {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}

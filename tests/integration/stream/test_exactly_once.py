@@ -19,6 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc.errors import parse_lsn
+from tests.plugins.kafka import client_config
 from tests.plugins.pipeline import Outbox, cdc, wait_until
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,7 @@ def read_all(bootstrap: str, topic: str, *, committed: bool = True, quiet: float
     """Every record of ``topic``, read until ``quiet`` seconds pass without one."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "group.id": f"test-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed" if committed else "read_uncommitted",

@@ -50,9 +50,9 @@ test-matrix: $(STAMP) ## the core integration tests on each PostgreSQL version (
 	if [ -n "$$failed" ]; then echo "test-matrix: FAILED on PostgreSQL$$failed"; exit 1; fi; \
 	echo "test-matrix: passed on PostgreSQL $(PG_VERSIONS)"
 
-test-secure: $(STAMP) ## the core integration tests against the secure stack (TLS + SCRAM to PostgreSQL, SASL_SSL + ACLs to Kafka, HTTPS registry)
+test-secure: $(STAMP) ## the core integration tests and the misconfiguration refusals against the secure stack (TLS + SCRAM to PostgreSQL, SASL_SSL + ACLs to Kafka, HTTPS registry)
 	CDC_STACK_SECURE=1 bash stack/stack.sh up
-	. .stack/env && $(BIN)/pytest tests/integration -m core $(PYTEST_ARGS)
+	. .stack/env && $(BIN)/pytest tests/integration -m "core or secure" $(PYTEST_ARGS)
 
 unit: $(STAMP) ## only the tests that need no service
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

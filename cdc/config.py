@@ -170,6 +170,8 @@ class Settings:
     # The password, read at every (re)connect (cdc.pg.database_dsn): a file's content, or a command's output.
     database_password_file: str | None = None
     database_password_command: str | None = None
+    # Kafka's SASL password, from a file read at every new client and again when the broker refuses it.
+    kafka_sasl_password_file: str | None = None
     slot: str = "cdc_outbox"
     publication: str = "cdc_outbox"
     table: TableRef = field(default_factory=TableRef)

@@ -241,7 +241,15 @@ def _kafka(merged: Mapping[str, tuple[object, str]]) -> KafkaSettings:
             extra[key.removeprefix("kafka.")] = str(value)
     if not servers.strip():
         raise _fail("kafka.bootstrap_servers", "", "host:port[,host:port...]", servers)
-    validate_kafka_config(extra)
+    password_file = merged.get("kafka_sasl_password_file")
+    if password_file is not None and "sasl.password" in extra:
+        raise ConfigError(
+            "settings 'kafka.sasl.password' and 'kafka_sasl_password_file' both give Kafka's password: "
+            "keep one",
+            key="kafka_sasl_password_file",
+        )
+    # The file is read by each client as it is made (cdc.stream.sink); here its presence stands for it.
+    validate_kafka_config({**extra, "sasl.password": "from-file"} if password_file is not None else extra)
     return KafkaSettings(bootstrap_servers=servers, extra=MappingProxyType(extra))
 
 

@@ -16,6 +16,8 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── RecoveryUnfinishedError   a `cdc recover` of the slot did not finish: run it again
 │   ├── PartitionerChangeError    the slot published with another partitioner: confirm the switch
 │   └── BrokerUnreachableError    Kafka did not answer within the start-up wait
+├── AccessDeniedError             exit 2: a server refused who we are (TLS, password, SASL) or what we may do
+│                                 (an ACL), at the start or while running; names the setting or the right
 ├── SourceError                   the replication stream (PostgreSQL side)
 │   ├── SourceConnectionError     the connection was lost or refused: retried with backoff
 │   └── ProtocolError             bytes that are not valid pgoutput / replication protocol
@@ -52,6 +54,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "AggregateTypeNotAllowedError",
     "BrokerUnreachableError",
     "CdcError",
@@ -158,6 +161,21 @@ class PublicationError(StartupRefusal):
 
 class BrokerUnreachableError(StartupRefusal):
     pass
+
+
+class AccessDeniedError(CdcError):
+    """PostgreSQL, Kafka or the schema registry refused the pipeline's identity or a right it needs. ``key``
+    names the setting to fix, ``right`` the grant that is missing (``"Write on Topic:orders"``); nothing past
+    it is confirmed. Not retried: a restart meets it again until the setting or the grant is fixed."""
+
+    exit_code = 2
+
+    def __init__(
+        self, message: str, *, key: str | None = None, right: str | None = None, lsn: int | None = None
+    ) -> None:
+        super().__init__(message, lsn=lsn)
+        self.key = key
+        self.right = right
 
 
 class RecoveryUnfinishedError(StartupRefusal):

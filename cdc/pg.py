@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cdc.errors import SourceConnectionError, first_line
+from cdc.errors import AccessDeniedError, SourceConnectionError, first_line
 
 if TYPE_CHECKING:
     from cdc.config import Settings
@@ -190,3 +190,62 @@ def connect_bounded(
         conn.close()
         raise
     return conn
+
+
+# libpq's words for a connection refused because of who we are or how we connect: (words, setting, fix).
+# A server that is down or restarting says otherwise, and is waited for.
+_ACCESS_REFUSALS: tuple[tuple[str, str, str], ...] = (
+    (
+        "certificate verify failed",
+        "database_url",
+        "the server's certificate is not signed by the CA that sslrootcert names: give the CA that signed it "
+        "(sslrootcert=/path/to/ca.pem)",
+    ),
+    (
+        "does not match host name",
+        "database_url",
+        "the server's certificate does not name the host in database_url: connect by a name it holds",
+    ),
+    (
+        "root certificate file",
+        "database_url",
+        "sslmode=verify-ca or verify-full needs the CA: set sslrootcert=/path/to/ca.pem",
+    ),
+    (
+        "password authentication failed",
+        "database_password_file",
+        "the server refused the password: check the one in database_url, database_password_file or "
+        "database_password_command",
+    ),
+    (
+        "no encryption",
+        "database_url",
+        "the server accepts this role only over TLS: set sslmode=verify-full and sslrootcert in database_url",
+    ),
+    (
+        "server does not support SSL",
+        "database_url",
+        "the server has no TLS: lower sslmode in database_url, or turn ssl on in the server",
+    ),
+    (
+        "no pg_hba.conf entry",
+        "database_url",
+        "the server's pg_hba.conf has no line for this host, role and database (for `cdc run`, also one that "
+        "allows replication connections to the database): ask its administrator",
+    ),
+)
+
+
+def access_refusal(error: BaseException | None) -> AccessDeniedError | None:
+    """The setting to fix when PostgreSQL refused a connection because of who we are or how we connect
+    (TLS, the password, pg_hba.conf); None when the refusal may pass (a server that is starting, a network
+    that is down). Never shows the DSN: libpq's first line names the host and the role, not the password."""
+    while error is not None and not isinstance(error, psycopg.OperationalError):
+        error = error.__cause__
+    if error is None:
+        return None
+    text = first_line(error)
+    for words, key, fix in _ACCESS_REFUSALS:
+        if words in text:
+            return AccessDeniedError(f"PostgreSQL refused the connection ({text}): {fix}", key=key)
+    return None

@@ -6,12 +6,19 @@
 -- REPLICATION is more than streaming this outbox, and PostgreSQL has nothing finer: with a slot of its own the
 -- role can decode every change of every table of this database, and it can drop any slot of the cluster.
 -- docs/operations.md ("Least privilege") says what a DBA can do about it.
+-- On Amazon RDS and Aurora the REPLICATION attribute is not the administrator's to give: membership in their
+-- rds_replication role is what lets a role stream there, and is granted instead.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {{role_literal}}) THEN
-        CREATE ROLE {{role}} LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE;
+        CREATE ROLE {{role}} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
     ELSE
-        ALTER ROLE {{role}} LOGIN REPLICATION;
+        ALTER ROLE {{role}} LOGIN;
+    END IF;
+    IF to_regrole('rds_replication') IS NOT NULL THEN
+        GRANT rds_replication TO {{role}};
+    ELSE
+        ALTER ROLE {{role}} REPLICATION;
     END IF;
 END
 $$;

@@ -149,7 +149,8 @@ acl() {
 # The ACLs of the stack's users, granted once (they live in the cluster's metadata). The same commands, for
 # the names of a deployment, are in docs/operations.md ("Secure deployment").
 grant_kafka_acls() {
-    [ -f "$KAFKA_DATA/.acls-granted" ] && return 0
+    # The marker names the grants' version: a stack made before a grant was added gets it at its next up.
+    [ -f "$KAFKA_DATA/.acls-granted-2" ] && return 0
     say "granting the secure stack's Kafka ACLs (users cdc and consumer)"
     local prefix group
     for prefix in "${CDC_TOPIC_PREFIXES[@]}"; do
@@ -161,11 +162,14 @@ grant_kafka_acls() {
     acl --add --allow-principal User:cdc --operation IdempotentWrite --cluster
     acl --add --allow-principal User:cdc --operation Write --operation Describe \
         --transactional-id "$CDC_TRANSACTIONAL_PREFIX" --resource-pattern-type prefixed
+    # The exactly-once checkpoint reader is a consumer: librdkafka finds its group's coordinator.
+    acl --add --allow-principal User:cdc --operation Describe \
+        --group outbox-cdc-checkpoint- --resource-pattern-type prefixed
     for group in "${CONSUMER_GROUP_PREFIXES[@]}"; do
         acl --add --allow-principal User:consumer --operation Read --operation Describe \
             --group "$group" --resource-pattern-type prefixed
     done
-    touch "$KAFKA_DATA/.acls-granted"
+    touch "$KAFKA_DATA/.acls-granted-2"
 }
 
 # The registry on HTTPS only, with the stack's certificate.

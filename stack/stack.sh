@@ -365,9 +365,11 @@ start_standby() {
             {
                 echo "port = $standby_port"
                 echo "unix_socket_directories = '$PG_STANDBY_RUN'"
-                local tls=
-                [ "$SECURE" = 1 ] && tls=" sslmode=verify-full sslrootcert=ca.pem"
-                echo "primary_conninfo = 'host=127.0.0.1 port=$PG_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB$tls'"
+                # Secure: by the certificate's host name, since a server's libpq before 14 cannot check
+                # an IP address against it (hostaddr still says where to connect).
+                local host="host=127.0.0.1"
+                [ "$SECURE" = 1 ] && host="host=localhost hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=ca.pem"
+                echo "primary_conninfo = '$host port=$PG_PORT user=$PG_SUPERUSER password=$(pg_password) dbname=$PG_DB'"
                 echo "primary_slot_name = '$slot'"
                 echo "hot_standby_feedback = on"
                 if [ "$major" -ge 17 ]; then

@@ -4,6 +4,7 @@ pytest_plugins = [
     "tests.plugins.services",
     "tests.plugins.postgres",
     "tests.plugins.kafka",
+    "tests.plugins.kafka_acl",
     "tests.plugins.registry",
     "tests.plugins.proxy",
     "tests.plugins.pipeline",

@@ -35,7 +35,14 @@ from fastavro.schema import parse_schema
 
 from cdc.avro.store import SchemaStore, StoredSchema
 from cdc.config import Settings, redact_dsn
-from cdc.errors import ConfigError, DeserializationError, RegistryUnavailableError, SchemaRejectedError
+from cdc.errors import (
+    AccessDeniedError,
+    ConfigError,
+    DeserializationError,
+    RegistryUnavailableError,
+    SchemaRejectedError,
+    first_line,
+)
 
 __all__ = ["SchemaRegistry"]
 
@@ -172,6 +179,35 @@ class SchemaRegistry:
             raise DeserializationError(f"{what}: not valid Avro ({why})") from exc
         self._writers[schema_id] = parsed
         return parsed
+
+    def check_access(self) -> None:
+        """Refuse (:class:`AccessDeniedError`) when the registry refuses who we are: a certificate the CA
+        file does not vouch for, a host name it does not hold, credentials it does not take. One request;
+        a registry that does not answer is not refused here: events wait for it, as ever."""
+        try:
+            self.client.get_subjects()
+        except SchemaRegistryError as exc:
+            if exc.http_status_code in (401, 403):
+                raise AccessDeniedError(
+                    f"the schema registry {self.shown_url} refused the credentials (HTTP "
+                    f"{exc.http_status_code}): give user:password in schema_registry_url",
+                    key="schema_registry_url",
+                ) from exc
+        except Exception as exc:
+            text = str(exc)
+            if "certificate" not in text.lower():
+                return
+            if "hostname" in text.lower():
+                raise AccessDeniedError(
+                    f"the schema registry's certificate does not name the host of schema_registry_url "
+                    f"{self.shown_url} ({first_line(exc)}): connect by a name it holds",
+                    key="schema_registry_url",
+                ) from exc
+            raise AccessDeniedError(
+                f"the schema registry's certificate at {self.shown_url} is not signed by a CA this process "
+                f"trusts ({first_line(exc)}): set schema_registry_ca_file to the CA that signed it",
+                key="schema_registry_ca_file",
+            ) from exc
 
     # -- internals -------------------------------------------------------------------------------------
 

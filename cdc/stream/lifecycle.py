@@ -18,6 +18,7 @@ from cdc import fastpath
 from cdc.avro.reload import SchemaSet
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
+    CdcError,
     DeliveryError,
     DeliveryRefusedError,
     SlotActiveError,
@@ -25,7 +26,8 @@ from cdc.errors import (
     TransactionAbortedError,
     format_lsn,
 )
-from cdc.pg import database_dsn
+from cdc.pg import access_refusal, database_dsn
+from cdc.stream.access import topic_rights
 from cdc.stream.checkpoint import AckLatency, AckTracker, Transaction
 from cdc.stream.delivery import delivery_log
 from cdc.stream.health import Health
@@ -160,7 +162,17 @@ class Lifecycle(Reconnects, Health):
             s.table,
             s.kafka.bootstrap_servers,
         )
-        self.sink.check_broker(s.startup_timeout)
+        try:
+            self.sink.check_broker(s.startup_timeout)
+            self.sink.ensure_dead_letter_topic(s.dlq_topic)
+            self.sink.check_rights(topic_rights(s), s.startup_timeout)
+            if self.registry is not None:
+                self.registry.check_access()
+        except CdcError:
+            # Now, while Python runs: a librdkafka thread still calling back (a broker that keeps refusing
+            # the credentials) crashed the interpreter's own shutdown.
+            self.sink.close()
+            raise
         backoff = self._backoff
         started = time.monotonic()
         first = True
@@ -194,6 +206,9 @@ class Lifecycle(Reconnects, Health):
                     # accepting connections") is waited for as Kafka is, up to startup_timeout; one that
                     # still does not answer then is a refusal, and a supervisor's restart makes it seen.
                     if first and self._source is None:
+                        denied = access_refusal(exc)
+                        if denied is not None:
+                            raise denied from exc  # waiting would not change the setting
                         if time.monotonic() - started >= s.startup_timeout:
                             raise
                         delay = backoff.next_delay()

@@ -79,13 +79,21 @@ def preflight(
     with connect(dsn, timeout=timeout or DEFAULT_QUERY_TIMEOUT) as conn:
         server_version = conn.info.server_version
         check_wal_level(conn)
-        user, may_stream = conn.execute(
-            "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
-        ).fetchone() or ("?", False)
+        # Amazon RDS and Aurora give streaming through membership in their rds_replication role.
+        user, may_stream, rds = conn.execute(
+            "SELECT current_user, rolreplication OR rolsuper OR CASE WHEN to_regrole('rds_replication')"
+            " IS NULL THEN false ELSE pg_has_role(current_user, 'rds_replication', 'MEMBER') END,"
+            " to_regrole('rds_replication') IS NOT NULL FROM pg_roles WHERE rolname = current_user"
+        ).fetchone() or ("?", False, False)
         if not may_stream:
+            lacks, fix = (
+                ("is not a member of rds_replication", f"GRANT rds_replication TO {quote_ident(user)}")
+                if rds
+                else ("lacks the REPLICATION attribute", f"ALTER ROLE {quote_ident(user)} REPLICATION")
+            )
             raise StartupRefusal(
-                f"role '{user}' may not stream: it lacks the REPLICATION attribute. Fix: ALTER ROLE "
-                f"{quote_ident(user)} REPLICATION; or connect as the role that `cdc setup --role` creates"
+                f"role '{user}' may not stream: it {lacks}. Fix: {fix}; or connect as the role that "
+                "`cdc setup --role` creates"
             )
         dbname = conn.info.dbname
         # PostgreSQL 17 names why a slot was invalidated, marks failover slots, and the copies of them that a

@@ -10,9 +10,11 @@ the pipeline keeps the replication connection alive meanwhile; a record is never
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -22,11 +24,13 @@ from cdc.config import TRANSACTION_TIMEOUT_MS, Settings
 from cdc.errors import (
     BrokerUnreachableError,
     CdcError,
+    ConfigError,
     DeliveryError,
     EventTooLargeError,
     SinkError,
 )
 from cdc.logs import kafka_log
+from cdc.stream.access import ConnectionErrors, authorization_refusal
 from cdc.stream.refusals import safe_batch_size, worst_case_size
 from cdc.stream.topics import Topics, kafka_reason
 
@@ -76,6 +80,31 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     conf.update(settings.kafka.extra)
     conf.update(FIXED_PRODUCER_CONFIG)
     conf["partitioner"] = settings.partitioner
+    return with_password(conf, settings)
+
+
+def sasl_password(settings: Settings) -> str | None:
+    """The content of ``kafka_sasl_password_file`` (a trailing line break aside), or None without one."""
+    if settings.kafka_sasl_password_file is None:
+        return None
+    path = Path(settings.kafka_sasl_password_file)
+    try:
+        password = path.read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read kafka_sasl_password_file {path}: {exc.strerror or exc}",
+            key="kafka_sasl_password_file",
+        ) from exc
+    if not password:
+        raise ConfigError(f"kafka_sasl_password_file {path} is empty", key="kafka_sasl_password_file")
+    return password
+
+
+def with_password(conf: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """``conf`` with the SASL password of ``kafka_sasl_password_file`` as it reads now, when one is set."""
+    password = sasl_password(settings)
+    if password is not None:
+        conf["sasl.password"] = password
     return conf
 
 
@@ -107,12 +136,14 @@ def admin_config(settings: Settings) -> dict[str, Any]:
     for key, value in settings.kafka.extra.items():
         if key.startswith(CONNECTION_KEYS):
             conf[key] = value
-    return conf
+    return with_password(conf, settings)
 
 
 class KafkaSink(Topics):
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        self._connection_errors = ConnectionErrors()  # why a connection failed (cdc.stream.access)
+        self._sasl_password = sasl_password(settings)
         self.fatal_error: KafkaError | None = None
         self._last_error_log = 0.0
         self._conf = producer_config(settings)
@@ -126,6 +157,7 @@ class KafkaSink(Topics):
         try:
             admin_conf = admin_config(settings)
             admin_conf["logger"] = kafka_log
+            admin_conf["error_cb"] = self._on_admin_error
             self._admin = AdminClient(admin_conf)
         except KafkaException as exc:
             raise SinkError(f"cannot create the Kafka admin client: {exc.args[0]}") from exc
@@ -133,8 +165,18 @@ class KafkaSink(Topics):
         self._limits: dict[str, int | None] = {}  # topic -> its record limit, None when it needs no check
         self._limits_unreadable = False
 
+    def close(self) -> None:
+        """Destroy the Kafka clients now, dropping what the producer holds (nothing was confirmed past
+        it). For a pipeline that will not stream: the sink is not usable after."""
+        try:
+            self._producer.purge()
+        except (KafkaException, SystemError) as exc:
+            log.debug("purging the producer: %s", exc)
+        del self._producer, self._produce, self._admin
+        gc.collect()
+
     def _new_producer(self) -> Producer:
-        conf = dict(self._conf)
+        conf = with_password(dict(self._conf), self._settings)  # a rotated password, read again
         conf["error_cb"] = self._on_error
         # librdkafka's own log lines go through logging (and so --log-format json), not raw to stderr.
         conf["logger"] = kafka_log
@@ -192,6 +234,11 @@ class KafkaSink(Topics):
         try:
             self._producer.init_transactions(timeout)
         except KafkaException as exc:
+            denied = authorization_refusal(
+                self._settings, exc.args or [exc], transactional_id=self.transactional_id
+            )
+            if denied is not None:
+                raise denied from exc
             raise BrokerUnreachableError(
                 f"Kafka did not initialise transactional id {self.transactional_id!r} within {timeout:g} s "
                 f"({kafka_reason(exc)}): exactly-once delivery needs a broker with transactions "
@@ -331,7 +378,34 @@ class KafkaSink(Topics):
             log.debug("purging the producer's queue: %s", exc)
         self.poll(0)
 
+    def _on_admin_error(self, err: KafkaError) -> None:
+        self._connection_errors(err)
+        if err.code() == KafkaError._AUTHENTICATION:
+            self._reread_password()
+
+    def _reread_password(self) -> None:
+        """The broker refused our SASL credentials: when the password comes from a file that now says
+        something else (rotated), every client takes it for its next authentication; open connections
+        stay as they are."""
+        if self._settings.kafka_sasl_password_file is None:
+            return
+        try:
+            password = sasl_password(self._settings)
+        except ConfigError as exc:
+            log.warning("%s", exc)
+            return
+        if password is None or password == self._sasl_password:
+            return
+        self._sasl_password = password
+        user = str(self._settings.kafka.extra.get("sasl.username", ""))
+        for client in (self._producer, self._admin):
+            client.set_sasl_credentials(user, password)
+        log.info("Kafka refused the SASL password: read kafka_sasl_password_file again, and it changed")
+
     def _on_error(self, err: KafkaError) -> None:
+        self._connection_errors(err)
+        if err.code() == KafkaError._AUTHENTICATION:
+            self._reread_password()
         if err.fatal():
             self._fatal(err)
             return

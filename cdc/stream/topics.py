@@ -24,6 +24,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from cdc.config import Settings
 from cdc.errors import BrokerUnreachableError, SinkError, TopicMissingError
+from cdc.stream.access import (
+    TOPIC_AUTHORIZATION_FAILED,
+    ConnectionErrors,
+    connection_refusal,
+    missing_rights,
+    refusal_for_right,
+)
 from cdc.stream.refusals import worst_case_size
 
 log = logging.getLogger("cdc.sink")
@@ -37,6 +44,7 @@ class Topics:
 
     _settings: Settings
     _admin: AdminClient
+    _connection_errors: ConnectionErrors
     _known_topics: set[str]
     _limits: dict[str, int | None]  # topic -> its record limit, None when it needs no check
     _limits_unreadable: bool
@@ -47,6 +55,10 @@ class Topics:
         try:
             metadata = self._admin.list_topics(timeout=timeout)
         except KafkaException as exc:
+            self._admin.poll(0)  # serves the error callback: why the connection failed
+            denied = connection_refusal(self._settings, self._connection_errors.recent(), timeout)
+            if denied is not None:
+                raise denied from exc
             raise BrokerUnreachableError(
                 f"Kafka at {self._settings.kafka.bootstrap_servers} did not answer within {timeout:g} s "
                 f"({kafka_reason(exc)}). Check kafka.bootstrap_servers (CDC_KAFKA_BOOTSTRAP_SERVERS) and "
@@ -54,12 +66,34 @@ class Topics:
             ) from exc
         self._known_topics.update(metadata.topics)
 
+    def ensure_dead_letter_topic(self, topic: str) -> None:
+        """The dead-letter topic, there from the start, so that its rights are known before the first poison
+        event needs them. Without create_topics a missing one is only a warning: that event waits for it."""
+        try:
+            self.ensure_topic(topic)
+        except TopicMissingError as exc:
+            log.warning("dead-letter topic: %s", exc)
+
+    def check_rights(self, needs: dict[str, tuple[str, ...]], timeout: float) -> None:
+        """Refuse to start without a right the pipeline will need on a topic that exists (``needs``: topic ->
+        kafka-acls operation names), rather than fail on the first event that needs it."""
+        try:
+            denied = missing_rights(self._admin, self._settings, needs, timeout)
+        except KafkaException as exc:
+            log.debug("cannot ask Kafka for the pipeline's rights: %s", kafka_reason(exc))
+            return
+        if denied is not None:
+            raise denied
+
     def ensure_topic(self, topic: str) -> None:
         """Make sure ``topic`` exists: known, found in metadata, or created. Raises TopicMissingError when
         it is absent and creating topics is switched off."""
         if topic in self._known_topics:
             return
         found = self._metadata(topic)
+        if found is not None and found.error is not None and found.error.code() == TOPIC_AUTHORIZATION_FAILED:
+            # Kafka hides a topic from a principal without any right on it; Write implies Describe.
+            raise refusal_for_right(self._settings, "Write", "Topic", topic, "producing to it")
         if found is not None and found.error is None:
             risk = replication_risk(topic, found)
             if risk is not None:
@@ -94,7 +128,12 @@ class Topics:
         try:
             limit = int(self._describe_topic(topic)["max.message.bytes"].value)
         except (KafkaException, KeyError, ValueError, TypeError) as exc:
-            # Without DescribeConfigs rights the limit is found the hard way: a refusal, then a replay.
+            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            if isinstance(err, KafkaError) and err.code() == TOPIC_AUTHORIZATION_FAILED:
+                # The record limit decides what is dead-lettered before it is sent: not left to a guess.
+                raise refusal_for_right(
+                    self._settings, "DescribeConfigs", "Topic", topic, "reading its max.message.bytes"
+                ) from exc
             self._limits_unreadable = True
             log.warning(
                 "cannot read topic %s's max.message.bytes (%s): records are not checked against topic "
@@ -136,6 +175,17 @@ class Topics:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 return
+            if isinstance(err, KafkaError) and err.code() in (
+                TOPIC_AUTHORIZATION_FAILED,
+                KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+            ):
+                raise refusal_for_right(
+                    s,
+                    "Create",
+                    "Topic",
+                    topic,
+                    "creating it; or create it beforehand and set create_topics = false",
+                ) from exc
             raise SinkError(f"cannot create topic '{topic}': {kafka_reason(exc)}") from exc
         log.info(
             "created topic %s (%d partitions, replication factor %d%s)",

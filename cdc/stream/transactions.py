@@ -46,6 +46,7 @@ from cdc.errors import (
     format_lsn,
     parse_lsn,
 )
+from cdc.stream.access import CHECKPOINT_GROUP_PREFIX, authorization_refusal
 from cdc.stream.identity import ServerIdentity, SkipBound, SlotIdentity, skip_bound
 from cdc.stream.sink import admin_config
 
@@ -115,7 +116,7 @@ def _checkpoint_consumer(settings: Settings) -> Consumer:
     conf: dict[str, Any] = admin_config(settings)  # the connection and security settings
     conf.update(
         {
-            "group.id": f"outbox-cdc-checkpoint-{uuid.uuid4().hex}",
+            "group.id": f"{CHECKPOINT_GROUP_PREFIX}{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
@@ -150,11 +151,17 @@ def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoin
                     if err.code() == KafkaError._PARTITION_EOF:
                         unread.discard(msg.partition())
                         continue
+                    denied = authorization_refusal(settings, [err], topic=topic, operation="Read")
+                    if denied is not None:
+                        raise denied
                     raise SinkError(f"reading the checkpoint topic {topic}: {err.str()}")
                 if msg.key() == key:
                     record = msg.value()
                     found = Checkpoint.decode(record) if record else None
     except KafkaException as exc:
+        denied = authorization_refusal(settings, exc.args, topic=settings.checkpoint_topic, operation="Read")
+        if denied is not None:
+            raise denied from exc
         raise SinkError(f"reading the checkpoint topic {settings.checkpoint_topic}: {exc}") from exc
     finally:
         consumer.close()

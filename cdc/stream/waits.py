@@ -26,6 +26,7 @@ from cdc.errors import (
     TopicMissingError,
     format_lsn,
 )
+from cdc.stream.access import authorization_refusal
 from cdc.stream.checkpoint import AckTracker, Transaction
 from cdc.stream.progress import PositionWriter
 from cdc.stream.refusals import GAPLESS_STOP, RefusalLedger, error_code, error_text
@@ -216,6 +217,11 @@ class Waits:
         failure = tracker.failure
         lsn = failure.commit_lsn if failure is not None else tracker.confirmed_lsn
         fatal = sink.fatal_error
+        # A right Kafka denies is no record's fault: never replayed record by record, never dead-lettered.
+        errors = [e for e in (fatal, failure and failure.error, *(e for _, e in tracker.refused)) if e]
+        denied = authorization_refusal(self.settings, errors, lsn=lsn)
+        if denied is not None:
+            raise denied
         if tracker.refused or error_code(fatal) == GAPLESS_STOP:
             # Without reports (confluent-kafka can lose them to the fatal error) the replay still reads
             # the topics' limits again; the ledger stops a replay that makes no progress.

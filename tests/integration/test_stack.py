@@ -165,16 +165,21 @@ def test_the_stack_starts_a_standby_that_streams_and_syncs_failover_slots(tmp_pa
 @pytest.mark.skipif(
     os.getuid() != 0, reason="the case is root's: a checkout that the postgres user cannot enter"
 )
-def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres_cannot_enter(tmp_path):
+@pytest.mark.parametrize("secure", ["0", "1"], ids=["plain", "secure"])
+def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres_cannot_enter(
+    tmp_path, secure
+):
     """As root, in a checkout under a directory of mode 700 (a clone under /root on a fresh server), the
     server runs as 'postgres', which cannot enter it: the cluster and the unpacked server binaries of a
-    Maven-fetched version (13) must both live elsewhere (/var/tmp/outbox-cdc-*)."""
+    Maven-fetched version (13) must both live elsewhere (/var/tmp/outbox-cdc-*). The secure stack's server
+    certificate and CA too (copied into the data directory), and its standby streams over TLS."""
     private = Path(tempfile.mkdtemp(prefix="cdc-private-", dir="/root"))  # mode 700
     checkout = private / "checkout"
     shutil.copytree(ROOT / "stack", checkout / "stack")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
         "CDC_STACK_PG_VERSION": "13",
+        "CDC_STACK_SECURE": secure,
         "CDC_STACK_PG_PORT": str(free_port()),
     }
     script = str(checkout / "stack" / "stack.sh")
@@ -193,6 +198,11 @@ def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres
         with psycopg.connect(url.group(1), connect_timeout=5) as primary:
             assert primary.execute("SHOW server_version_num").fetchone()[0].startswith("13")  # type: ignore[index]
             assert primary.execute("SELECT count(*) FROM pg_stat_replication").fetchone() == (1,)
+            if secure == "1":
+                assert "sslmode=verify-full" in url.group(1)
+                assert primary.execute(
+                    "SELECT bool_and(ssl) FROM pg_stat_ssl JOIN pg_stat_replication USING (pid)"
+                ).fetchone() == (True,), "the standby streams over TLS"
     finally:
         subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
         base_file = checkout / ".stack" / "pg-base"

@@ -70,10 +70,10 @@ def kafka_security_env(bootstrap: str | None) -> dict[str, str]:
 
 def with_stack_security(env: dict[str, str]) -> dict[str, str]:
     """A `cdc` subprocess's environment, secured as the stack is: the security variables of the broker and
-    the registry it is given when they are the secure stack's, none when it talks to a plaintext broker of
-    a test's own."""
-    out = {k: v for k, v in env.items() if k not in _SECURITY_ENV}
-    out.update(kafka_security_env(env.get("CDC_KAFKA_BOOTSTRAP_SERVERS")))
+    the registry it is given when they are the secure stack's (those the test set itself win); a plaintext
+    broker of a test's own gets none (the outbox's environment holds none of them)."""
+    # What the test set itself (another user, say) stays.
+    out = {**kafka_security_env(env.get("CDC_KAFKA_BOOTSTRAP_SERVERS")), **env}
     ca = os.environ.get("CDC_SCHEMA_REGISTRY_CA_FILE")
     registry = env.get("CDC_SCHEMA_REGISTRY_URL")
     if ca and registry and registry == os.environ.get("CDC_SCHEMA_REGISTRY_URL"):

@@ -48,6 +48,12 @@ def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests under tests/integration use real services; mark them so `-m "not integration"` works.
+    secure_stack = os.environ.get("CDC_STACK_SECURE") == "1"
     for item in items:
         if "integration" in item.nodeid.split("/"):
             item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("secure") is not None and not secure_stack:
+            # Like a test for another PostgreSQL version: it runs where its stack does (make test-secure).
+            item.add_marker(
+                pytest.mark.skip(reason="plain stack: this test is for the secure stack (make test-secure)")
+            )

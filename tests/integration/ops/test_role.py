@@ -112,3 +112,40 @@ def test_a_role_name_that_would_break_the_setup_sql_is_refused_before_anything_r
         (role.rstrip("$") + "%", fresh["CDC_PUBLICATION"]),
     ).fetchone()
     assert created == (0, 0), "nothing was applied, not even the scripts before 07_role.sql"
+
+
+@pytest.fixture
+def rds_replication(outbox):
+    """Amazon RDS's role that lets its members stream (they cannot be given the REPLICATION attribute there).
+    Cluster-wide, so dropped at once after the test."""
+    outbox.conn.execute("CREATE ROLE rds_replication NOLOGIN")
+    try:
+        yield "rds_replication"
+    finally:
+        outbox.conn.execute("DROP ROLE rds_replication")
+
+
+def test_on_amazon_rds_the_role_is_made_a_member_of_rds_replication(outbox, role, rds_replication):
+    done = cdc(outbox.env, "setup", "--role", role)
+    assert done.returncode == 0, done.stderr
+    row = outbox.conn.execute(
+        "SELECT rolreplication, pg_has_role(rolname, 'rds_replication', 'MEMBER') FROM pg_roles"
+        " WHERE rolname = %s",
+        (role,),
+    ).fetchone()
+    assert row == (False, True), "RDS: membership, not the attribute"
+    # The start's check counts the membership (real RDS then lets it stream; stock PostgreSQL does not, so
+    # only the check is seen here).
+    outbox.conn.execute(sql.SQL("ALTER ROLE {} PASSWORD 'role-pw-3'").format(sql.Identifier(role)))
+    env = dict(outbox.env, CDC_DATABASE_URL=as_role(outbox.dsn, role, "role-pw-3"), CDC_STARTUP_TIMEOUT="3")
+    _, stderr, _ = run_refused(env)
+    assert "may not stream" not in stderr, stderr[-2000:]
+
+
+def test_on_amazon_rds_a_role_outside_rds_replication_is_told_to_join_it(outbox, role, rds_replication):
+    outbox.conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'role-pw-4'").format(sql.Identifier(role)))
+    env = dict(outbox.env, CDC_DATABASE_URL=as_role(outbox.dsn, role, "role-pw-4"), CDC_STARTUP_TIMEOUT="5")
+    code, stderr, _ = run_refused(env)
+    assert code == 2, stderr
+    line = error_line(stderr)
+    assert "it is not a member of rds_replication. Fix: GRANT rds_replication TO" in line and role in line

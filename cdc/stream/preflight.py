@@ -51,13 +51,34 @@ class SlotInfo:
     created_lsn: int | None = None
 
 
+# Managed services keep wal_level for themselves: each has a knob of its own, found by its own role.
+_MANAGED_WAL_FIX = (
+    (
+        "rds_superuser",
+        "Amazon RDS / Aurora: set rds.logical_replication = 1 in the DB parameter group, then reboot",
+    ),
+    (
+        "cloudsqlsuperuser",
+        "Cloud SQL: set the database flag cloudsql.logical_decoding = on (the instance restarts)",
+    ),
+    (
+        "azure_pg_admin",
+        "Azure Database for PostgreSQL: set the server parameter wal_level = logical, then restart",
+    ),
+)
+
+
 def check_wal_level(conn: psycopg.Connection[Any]) -> None:
     """Refuse, with the fix, when the server cannot do logical decoding."""
     wal_level = scalar(conn, "SHOW wal_level")
     if wal_level != "logical":
+        fix = "run ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)"
+        for role, managed in _MANAGED_WAL_FIX:
+            if scalar(conn, "SELECT to_regrole(%s) IS NOT NULL", (role,)):
+                fix = managed
+                break
         raise WalLevelError(
-            f"PostgreSQL runs with wal_level = '{wal_level}', logical decoding needs 'logical'. Fix: run "
-            "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (a reload is not enough)"
+            f"PostgreSQL runs with wal_level = '{wal_level}', logical decoding needs 'logical'. Fix: {fix}"
         )
 
 

@@ -351,7 +351,7 @@ class KafkaSink(Topics):
         """A metadata round trip to Kafka (for /readyz; librdkafka clients may be used from any thread)."""
         try:
             self._admin.list_topics(timeout=timeout)
-        except KafkaException:
+        except (KafkaException, AttributeError):  # AttributeError: closed (a refused start)
             return False
         return True
 

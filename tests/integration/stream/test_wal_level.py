@@ -65,3 +65,25 @@ def test_wal_level_replica_is_refused_with_the_fix(command, replica_cluster, rep
     assert elapsed < 30, f"cdc {command} took {elapsed:.1f} s to refuse"
     # A refusal touches nothing: no outbox table, no publication, no slot.
     assert server_objects(replica_cluster) == NOTHING
+
+
+@pytest.mark.parametrize(
+    ("service_role", "knob"),
+    [
+        ("rds_superuser", "rds.logical_replication = 1 in the DB parameter group"),
+        ("cloudsqlsuperuser", "the database flag cloudsql.logical_decoding = on"),
+        ("azure_pg_admin", "the server parameter wal_level = logical"),
+    ],
+)
+def test_on_a_managed_service_the_fix_is_its_own_knob(replica_cluster, replica_env, service_role, knob):
+    """ALTER SYSTEM is not the user's on RDS, Cloud SQL or Azure: the line names the service's setting. Each
+    service is known by the role it creates (made here for the test, and dropped)."""
+    with psycopg.connect(replica_cluster, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE ROLE {} NOLOGIN").format(psycopg.sql.Identifier(service_role)))
+        try:
+            code, stderr, _ = run_refused(replica_env, command="setup")
+        finally:
+            conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(service_role)))
+    assert code == 2, stderr
+    line = error_line(stderr)
+    assert knob in line and "ALTER SYSTEM" not in line, line

@@ -119,3 +119,28 @@ def test_a_postgresql_that_is_starting_is_waited_for():
         raise SourceConnectionError("cannot connect") from starting
     except SourceConnectionError as exc:
         assert access_refusal(exc) is None
+
+
+def test_the_kafka_password_file_is_read_by_every_client_config(tmp_path):
+    from cdc.stream.sink import admin_config, producer_config
+
+    secret = tmp_path / "kafka-password"
+    secret.write_text("from-the-file\n")
+    s = settings(CDC_KAFKA_SASL_PASSWORD="", CDC_KAFKA_SASL_PASSWORD_FILE=str(secret))
+    assert producer_config(s)["sasl.password"] == "from-the-file"
+    secret.write_text("rotated\n")
+    assert admin_config(s)["sasl.password"] == "rotated"
+    assert "from-the-file" not in repr(s) and "rotated" not in repr(s)
+
+
+def test_a_kafka_password_twice_or_unreadable_is_refused_with_the_key(tmp_path):
+    from cdc.errors import ConfigError
+    from cdc.stream.sink import producer_config
+
+    with pytest.raises(ConfigError) as both:
+        settings(CDC_KAFKA_SASL_PASSWORD_FILE=str(tmp_path / "x"))
+    assert both.value.key == "kafka_sasl_password_file" and "both give" in str(both.value)
+    missing = settings(CDC_KAFKA_SASL_PASSWORD="", CDC_KAFKA_SASL_PASSWORD_FILE=str(tmp_path / "none"))
+    with pytest.raises(ConfigError) as unreadable:
+        producer_config(missing)
+    assert unreadable.value.key == "kafka_sasl_password_file"

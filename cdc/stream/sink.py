@@ -162,6 +162,7 @@ class KafkaSink(Topics):
         except KafkaException as exc:
             raise SinkError(f"cannot create the Kafka admin client: {exc.args[0]}") from exc
         self._known_topics: set[str] = set()
+        self.produced_topics: set[str] = set()
         self._limits: dict[str, int | None] = {}  # topic -> its record limit, None when it needs no check
         self._limits_unreadable = False
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -46,6 +47,7 @@ class Topics:
     _admin: AdminClient
     _connection_errors: ConnectionErrors
     _known_topics: set[str]
+    produced_topics: set[str]  # every topic ensure_topic was asked for: what the pipeline writes to
     _limits: dict[str, int | None]  # topic -> its record limit, None when it needs no check
     _limits_unreadable: bool
     message_max_bytes: int
@@ -74,7 +76,7 @@ class Topics:
         except TopicMissingError as exc:
             log.warning("dead-letter topic: %s", exc)
 
-    def check_rights(self, needs: dict[str, tuple[str, ...]], timeout: float) -> None:
+    def check_rights(self, needs: Mapping[str, tuple[str, ...]], timeout: float) -> None:
         """Refuse to start without a right the pipeline will need on a topic that exists (``needs``: topic ->
         kafka-acls operation names), rather than fail on the first event that needs it."""
         try:
@@ -88,6 +90,7 @@ class Topics:
     def ensure_topic(self, topic: str) -> None:
         """Make sure ``topic`` exists: known, found in metadata, or created. Raises TopicMissingError when
         it is absent and creating topics is switched off."""
+        self.produced_topics.add(topic)
         if topic in self._known_topics:
             return
         found = self._metadata(topic)

@@ -61,6 +61,9 @@ class Backoff:
         self.attempt = 0
 
 
+RIGHTS_PROBE_TIMEOUT = 5.0  # seconds: asking Kafka for the pipeline's rights after an unexplained failure
+
+
 class Waits:
     """The waits of the pipeline, and the state every part of it reads (set by ``Lifecycle.__init__``)."""
 
@@ -222,6 +225,11 @@ class Waits:
         denied = authorization_refusal(self.settings, errors, lsn=lsn)
         if denied is not None:
             raise denied
+        if failure is not None and not tracker.refused:
+            # Inside a Kafka transaction a denied Write reaches the records only as "purged": ask Kafka
+            # what the pipeline may do with the topics it writes to, before calling it anything else.
+            rights = dict.fromkeys(self.sink.produced_topics, ("Write",))
+            self.sink.check_rights(rights, min(RIGHTS_PROBE_TIMEOUT, self.settings.startup_timeout))
         if tracker.refused or error_code(fatal) == GAPLESS_STOP:
             # Without reports (confluent-kafka can lose them to the fatal error) the replay still reads
             # the topics' limits again; the ledger stops a replay that makes no progress.

@@ -199,6 +199,7 @@ def test_a_missing_topic_right_is_refused_with_the_grant(outbox, kafka_user, gra
         ("transactional_id", None, "Write on TransactionalId:outbox-cdc."),
         ("checkpoints", "Read", "Read on Topic:{checkpoints}"),
         ("checkpoint_group", None, "Describe on Group:outbox-cdc-checkpoint-"),
+        ("topics", "Write", "Write on Topic:{topic}"),  # inside a Kafka transaction
     ],
 )
 def test_exactly_once_without_its_rights_is_refused(outbox, kafka_user, unique_name, grant, operation, right):
@@ -209,7 +210,8 @@ def test_exactly_once_without_its_rights_is_refused(outbox, kafka_user, unique_n
     line = refused(
         outbox, as_user(outbox, user, CDC_DELIVERY="exactly-once", CDC_CHECKPOINT_TOPIC=checkpoints)
     )
-    assert f"the right {right.format(checkpoints=checkpoints)}" in line, line
+    assert f"the right {right.format(checkpoints=checkpoints, topic=outbox.topic('order'))}" in line, line
+    assert outbox.confirmed_lsn() <= outbox.transactions[0].lsn_before, "confirmed past a refusal"
 
 
 def test_the_pipeline_streams_with_exactly_the_documented_rights(

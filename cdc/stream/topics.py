@@ -81,8 +81,9 @@ class Topics:
         kafka-acls operation names), rather than fail on the first event that needs it."""
         try:
             denied = missing_rights(self._admin, self._settings, needs, timeout)
-        except KafkaException as exc:
-            log.debug("cannot ask Kafka for the pipeline's rights: %s", kafka_reason(exc))
+        except (KafkaException, TimeoutError) as exc:
+            # Kafka that does not answer the question is met again, and named, by the stream's own waits.
+            log.debug("cannot ask Kafka for the pipeline's rights: %s", exc)
             return
         if denied is not None:
             raise denied

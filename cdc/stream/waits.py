@@ -62,6 +62,9 @@ class Backoff:
 
 
 RIGHTS_PROBE_TIMEOUT = 5.0  # seconds: asking Kafka for the pipeline's rights after an unexplained failure
+PURGED = frozenset(
+    {-152, -151}
+)  # librdkafka's _PURGE_QUEUE, _PURGE_INFLIGHT: what an aborted transaction held
 
 
 class Waits:
@@ -225,7 +228,7 @@ class Waits:
         denied = authorization_refusal(self.settings, errors, lsn=lsn)
         if denied is not None:
             raise denied
-        if failure is not None and not tracker.refused:
+        if failure is not None and not tracker.refused and error_code(failure.error) in PURGED:
             # Inside a Kafka transaction a denied Write reaches the records only as "purged": ask Kafka
             # what the pipeline may do with the topics it writes to, before calling it anything else.
             rights = dict.fromkeys(self.sink.produced_topics, ("Write",))

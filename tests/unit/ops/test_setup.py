@@ -65,7 +65,10 @@ def test_failover_slot_arguments_only_when_asked():
 def test_role_script_only_with_a_role():
     assert "07_role.sql" not in [s.name for s in render(settings())]
     role_sql = next(s.sql for s in render(settings(), role="cdc_stream") if s.name == "07_role.sql")
-    assert 'CREATE ROLE "cdc_stream" LOGIN REPLICATION NOSUPERUSER' in role_sql
+    assert 'CREATE ROLE "cdc_stream" LOGIN NOSUPERUSER' in role_sql
+    # REPLICATION, or on Amazon RDS (no attribute to give) membership in rds_replication.
+    assert 'ALTER ROLE "cdc_stream" REPLICATION' in role_sql
+    assert 'GRANT rds_replication TO "cdc_stream"' in role_sql
     assert 'GRANT SELECT, INSERT, UPDATE ON "public"."cdc_heartbeat" TO "cdc_stream"' in role_sql
 
 

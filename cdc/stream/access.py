@@ -1,4 +1,5 @@
-"""Kafka's refusals of who the pipeline is and of what it may do: the setting or the right to fix, named.
+"""Kafka's refusals of who the pipeline is and of what it may do: the setting or the right to fix, named;
+and the SASL password of ``kafka_sasl_password_file``, read as each client is made.
 
 librdkafka reports every failed connection to the caller as "Broker transport failure", whatever the cause.
 The cause reaches its error callback: an untrusted certificate, credentials the broker refused, a SASL
@@ -17,6 +18,7 @@ cannot help until an operator changes a setting or a grant.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import ssl
@@ -35,14 +37,19 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from cdc.config import Settings
-from cdc.errors import AccessDeniedError
+from cdc.errors import AccessDeniedError, ConfigError
+
+log = logging.getLogger("cdc.sink")
 
 __all__ = [
     "ConnectionErrors",
     "authorization_refusal",
     "connection_refusal",
     "missing_rights",
+    "rotated_password",
+    "sasl_password",
     "topic_rights",
+    "with_password",
 ]
 
 # Kafka's authorization error codes, and the resource each names.
@@ -87,6 +94,44 @@ class ConnectionErrors:
     def recent(self) -> list[tuple[int, str]]:
         with self._lock:
             return list(self._errors)
+
+
+def sasl_password(settings: Settings) -> str | None:
+    """The content of ``kafka_sasl_password_file`` (a trailing line break aside), or None without one."""
+    if settings.kafka_sasl_password_file is None:
+        return None
+    path = Path(settings.kafka_sasl_password_file)
+    try:
+        password = path.read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read kafka_sasl_password_file {path}: {exc.strerror or exc}",
+            key="kafka_sasl_password_file",
+        ) from exc
+    if not password:
+        raise ConfigError(f"kafka_sasl_password_file {path} is empty", key="kafka_sasl_password_file")
+    return password
+
+
+def with_password(conf: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """``conf`` with the SASL password of ``kafka_sasl_password_file`` as it reads now, when one is set."""
+    password = sasl_password(settings)
+    if password is not None:
+        conf["sasl.password"] = password
+    return conf
+
+
+def rotated_password(settings: Settings, current: str | None) -> str | None:
+    """The password of ``kafka_sasl_password_file`` when it is no longer ``current`` (rotated), else None. A
+    file that cannot be read now is said, and taken for no rotation: the clients keep what they have."""
+    if settings.kafka_sasl_password_file is None:
+        return None
+    try:
+        password = sasl_password(settings)
+    except ConfigError as exc:
+        log.warning("%s", exc)
+        return None
+    return None if password == current else password
 
 
 def _user(settings: Settings) -> str:

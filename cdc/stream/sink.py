@@ -2,19 +2,15 @@
 
 The sink owns the confluent-kafka Producer and an AdminClient for topics. Delivery reports go straight to the
 callback the caller hands over (``checkpoint.Transaction.delivered``); they run inside ``poll()`` on the
-pipeline's thread, so the bookkeeping needs no lock.
-
-A full local queue (``BufferError``) is met by serving callbacks and trying again, with a ``waiting`` hook so
+pipeline's thread, so the bookkeeping needs no lock. A full local queue (``BufferError``) is met by serving callbacks and trying again, with a ``waiting`` hook so
 the pipeline keeps the replication connection alive meanwhile; a record is never dropped.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -24,13 +20,18 @@ from cdc.config import TRANSACTION_TIMEOUT_MS, Settings
 from cdc.errors import (
     BrokerUnreachableError,
     CdcError,
-    ConfigError,
     DeliveryError,
     EventTooLargeError,
     SinkError,
 )
 from cdc.logs import kafka_log
-from cdc.stream.access import ConnectionErrors, authorization_refusal
+from cdc.stream.access import (
+    ConnectionErrors,
+    authorization_refusal,
+    rotated_password,
+    sasl_password,
+    with_password,
+)
 from cdc.stream.refusals import safe_batch_size, worst_case_size
 from cdc.stream.topics import Topics, kafka_reason
 
@@ -81,31 +82,6 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     conf.update(FIXED_PRODUCER_CONFIG)
     conf["partitioner"] = settings.partitioner
     return with_password(conf, settings)
-
-
-def sasl_password(settings: Settings) -> str | None:
-    """The content of ``kafka_sasl_password_file`` (a trailing line break aside), or None without one."""
-    if settings.kafka_sasl_password_file is None:
-        return None
-    path = Path(settings.kafka_sasl_password_file)
-    try:
-        password = path.read_text().rstrip("\r\n")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read kafka_sasl_password_file {path}: {exc.strerror or exc}",
-            key="kafka_sasl_password_file",
-        ) from exc
-    if not password:
-        raise ConfigError(f"kafka_sasl_password_file {path} is empty", key="kafka_sasl_password_file")
-    return password
-
-
-def with_password(conf: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """``conf`` with the SASL password of ``kafka_sasl_password_file`` as it reads now, when one is set."""
-    password = sasl_password(settings)
-    if password is not None:
-        conf["sasl.password"] = password
-    return conf
 
 
 # The librdkafka keys of how to reach and trust the brokers, which every client of the pipeline takes (the
@@ -173,8 +149,7 @@ class KafkaSink(Topics):
             self._producer.purge()
         except (KafkaException, SystemError) as exc:
             log.debug("purging the producer: %s", exc)
-        del self._producer, self._produce, self._admin
-        gc.collect()
+        del self._producer, self._produce, self._admin  # the last references: librdkafka's destroy, now
 
     def _new_producer(self) -> Producer:
         conf = with_password(dict(self._conf), self._settings)  # a rotated password, read again
@@ -385,23 +360,15 @@ class KafkaSink(Topics):
             self._reread_password()
 
     def _reread_password(self) -> None:
-        """The broker refused our SASL credentials: when the password comes from a file that now says
-        something else (rotated), every client takes it for its next authentication; open connections
-        stay as they are."""
-        if self._settings.kafka_sasl_password_file is None:
-            return
-        try:
-            password = sasl_password(self._settings)
-        except ConfigError as exc:
-            log.warning("%s", exc)
-            return
-        if password is None or password == self._sasl_password:
-            return
-        self._sasl_password = password
-        user = str(self._settings.kafka.extra.get("sasl.username", ""))
-        for client in (self._producer, self._admin):
-            client.set_sasl_credentials(user, password)
-        log.info("Kafka refused the SASL password: read kafka_sasl_password_file again, and it changed")
+        """The broker refused our SASL credentials: a password file that says something else now (rotated)
+        is what every client authenticates with next; open connections stay as they are."""
+        password = rotated_password(self._settings, self._sasl_password)
+        if password is not None:
+            self._sasl_password = password
+            user = str(self._settings.kafka.extra.get("sasl.username", ""))
+            for client in (self._producer, self._admin):
+                client.set_sasl_credentials(user, password)
+            log.info("Kafka refused the SASL password: read kafka_sasl_password_file again, and it changed")
 
     def _on_error(self, err: KafkaError) -> None:
         self._connection_errors(err)

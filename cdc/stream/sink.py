@@ -2,8 +2,9 @@
 
 The sink owns the confluent-kafka Producer and an AdminClient for topics. Delivery reports go straight to the
 callback the caller hands over (``checkpoint.Transaction.delivered``); they run inside ``poll()`` on the
-pipeline's thread, so the bookkeeping needs no lock. A full local queue (``BufferError``) is met by serving callbacks and trying again, with a ``waiting`` hook so
-the pipeline keeps the replication connection alive meanwhile; a record is never dropped.
+pipeline's thread, so the bookkeeping needs no lock. A full local queue (``BufferError``) is met by serving
+callbacks and trying again, with a ``waiting`` hook so the pipeline keeps the replication connection alive
+meanwhile; a record is never dropped.
 """
 
 from __future__ import annotations

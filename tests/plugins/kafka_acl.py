@@ -83,6 +83,19 @@ def _check(futures: dict, what: str) -> None:
             raise AssertionError(f"{what} {key}: {exc.args[0]}") from exc
 
 
+def revoke(admin: AdminClient, bindings: list[AclBinding], *, wait: bool = True) -> None:
+    """Delete exactly these ACLs; with ``wait``, until the broker says they are gone."""
+    filters = [
+        AclBindingFilter(
+            b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation, b.permission_type
+        )
+        for b in bindings
+    ]
+    futures = admin.delete_acls(filters)
+    if wait:
+        _check(futures, "could not revoke")
+
+
 @pytest.fixture
 def kafka_user(kafka_admin: AdminClient) -> Iterator[Callable[..., KafkaUser]]:
     """`kafka_user(*grants)`: a new SCRAM-SHA-512 user holding exactly `grants`; gone after the test."""
@@ -108,19 +121,7 @@ def kafka_user(kafka_admin: AdminClient) -> Iterator[Callable[..., KafkaUser]]:
     yield make
     for user, bindings in made:
         if bindings:
-            filters = [
-                AclBindingFilter(
-                    b.restype,
-                    b.name,
-                    b.resource_pattern_type,
-                    b.principal,
-                    b.host,
-                    b.operation,
-                    b.permission_type,
-                )
-                for b in bindings
-            ]
-            kafka_admin.delete_acls(filters)
+            revoke(kafka_admin, bindings, wait=False)
         kafka_admin.alter_user_scram_credentials(
             [UserScramCredentialDeletion(user.name, ScramMechanism.SCRAM_SHA_512)]
         )

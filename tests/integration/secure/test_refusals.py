@@ -14,12 +14,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AclBinding, AclBindingFilter, AdminClient
+from confluent_kafka.admin import AclBinding, AdminClient
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.integration.stream.test_pipeline import error_line, run_refused
 from tests.plugins.kafka import kafka_security_env, read_topic
-from tests.plugins.kafka_acl import Grant, KafkaUser
+from tests.plugins.kafka_acl import Grant, KafkaUser, revoke
 from tests.plugins.pipeline import Outbox, PipelineProcess, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.secure]
@@ -247,13 +247,7 @@ def test_a_right_revoked_while_streaming_stops_the_pipeline_with_the_grant(
         write: list[AclBinding] = [
             b for b in grants["topics"].bindings(f"User:{user.name}") if b.operation.name == "WRITE"
         ]
-        filters = [
-            AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
-                             b.permission_type)
-            for b in write
-        ]  # fmt: skip
-        for future in kafka_admin.delete_acls(filters).values():
-            future.result(timeout=30)
+        revoke(kafka_admin, write)
         time.sleep(1)  # the authorizer applies the metadata change on every broker
         after = outbox.commit([outbox.event(f"c-{uuid.uuid4().hex[:6]}")])
         code = proc.wait(timeout=90)

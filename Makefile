@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-debezium faults stack-up stack-down stack-status clean
+.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-debezium faults faults-cluster stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ bench-debezium: $(STAMP) stack-up ## cdc run beside Debezium 3.6.1 (Kafka Connec
 
 faults: $(STAMP) ## the fault suite: kills and outages under load, then nothing lost? (FAULTS_ARGS="--seed N --duration S --runs K")
 	$(BIN)/python -m tests.faults $(FAULTS_ARGS)
+
+faults-cluster: $(STAMP) ## the fault suite on a three-broker cluster: leader kill, controlled shutdown, rolling restart, ISR below min (FAULTS_ARGS as for faults)
+	$(BIN)/python -m tests.faults --brokers 3 --duration 150 $(FAULTS_ARGS)
 
 clean: ## stop the stack and remove its state and the venv
 	bash stack/stack.sh clean

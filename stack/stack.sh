@@ -29,6 +29,12 @@
 # SASL_SSL with ACLs to Kafka, HTTPS to the registry. Its clusters, logs and pid files carry a "-secure"
 # suffix and its ports differ (PostgreSQL 24432 or 244NN, Kafka 27092/27093/27097, registry 27081), so that
 # it runs beside the plain stack; `up` writes its URLs and credentials into .stack/env.
+#
+# CDC_STACK_KAFKA_BROKERS=3 starts a Kafka cluster instead of the single broker (stack/cluster.sh): three
+# brokers and a dedicated KRaft controller, replication factor 3 and min.insync.replicas = 2 by default, on
+# ports of their own (brokers 29192, 29202, 29212, controller 29193; secure: 27192.., 27193) so that it runs
+# beside the single broker; PostgreSQL and the registry are the stack's. It combines with CDC_STACK_SECURE=1.
+# `up` writes the three brokers to .stack/env, and CDC_TOPIC_REPLICATION_FACTOR=3; `down` stops them too.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +42,22 @@ STACK_DIR=${CDC_STACK_DIR:-$ROOT/.stack}
 PG_DEFAULT_VERSION=15
 PG_VERSION=${CDC_STACK_PG_VERSION:-$PG_DEFAULT_VERSION}
 SECURE=${CDC_STACK_SECURE:-0}
+BROKERS=${CDC_STACK_KAFKA_BROKERS:-1}
+case "$BROKERS" in
+    3)
+        # Ports of its own (stack/cluster.sh says how each broker's is derived), before the secure mode's.
+        if [ "$SECURE" = 1 ]; then
+            : "${CDC_STACK_KAFKA_PORT:=27192}" "${CDC_STACK_KAFKA_CONTROLLER_PORT:=27193}"
+        else
+            : "${CDC_STACK_KAFKA_PORT:=29192}" "${CDC_STACK_KAFKA_CONTROLLER_PORT:=29193}"
+        fi
+        if [ -n "${CDC_STACK_KAFKA_ADVERTISED_PORT:-}" ]; then
+            printf 'stack: FAILED: CDC_STACK_KAFKA_ADVERTISED_PORT is for the single broker only\n' >&2 && exit 2
+        fi
+        ;;
+    1 | "") BROKERS=1 ;;
+    *) printf 'stack: FAILED: CDC_STACK_KAFKA_BROKERS=%s is not 1 or 3\n' "$BROKERS" >&2 && exit 2 ;;
+esac
 case "$SECURE" in
     1)
         # Ports of its own, so that it runs beside the plain stack.
@@ -147,6 +169,8 @@ as_pg() {
 
 # shellcheck source=stack/secure.sh
 . "$ROOT/stack/secure.sh"
+# shellcheck source=stack/cluster.sh
+. "$ROOT/stack/cluster.sh"
 
 apt_install() {
     is_root || fail "please install the Debian packages: $* (needs root: sudo apt-get install -y $*)"
@@ -614,6 +638,8 @@ write_env() {
         PG_STANDBY_PORT=$((PG_PORT + 100))
     fi
     local url="postgresql://$PG_SUPERUSER:$(pg_password)@127.0.0.1:$PG_PORT/$PG_DB" tls=
+    local kafka_bootstrap=127.0.0.1:$KAFKA_ADVERTISED_PORT
+    [ "$BROKERS" = 3 ] && kafka_bootstrap=$(cluster_bootstrap)
     if [ "$SECURE" = 1 ]; then
         url="$url?$(pg_tls_params)"
         tls=" sslmode=verify-full sslrootcert=$CA_FILE"
@@ -623,7 +649,7 @@ write_env() {
         cat >"$STACK_DIR/env" <<EOF
 # Written by 'make stack-up'. Source it: . .stack/env
 export CDC_DATABASE_URL='$url'
-export CDC_KAFKA_BOOTSTRAP_SERVERS='127.0.0.1:$KAFKA_ADVERTISED_PORT'
+export CDC_KAFKA_BOOTSTRAP_SERVERS='$kafka_bootstrap'
 export CDC_SCHEMA_REGISTRY_URL='$REGISTRY_API'
 export CDC_STACK_PG_BIN='$PG_BIN'
 export CDC_STACK_PG_VERSION='$PG_VERSION'
@@ -633,6 +659,7 @@ export CDC_STACK_KAFKA_LIBS='$KAFKA_LIBS'
 export CDC_STACK_PROMTOOL='${PROMTOOL:-}'
 EOF
         [ "$SECURE" = 1 ] && secure_env >>"$STACK_DIR/env"
+        [ "$BROKERS" = 3 ] && cluster_env >>"$STACK_DIR/env"
         if [ -n "${PG_STANDBY_PORT:-}" ]; then
             cat >>"$STACK_DIR/env" <<EOF
 # The primary and its standby (stack/stack.sh standby): what follows a promotion.
@@ -668,10 +695,16 @@ cmd_up() {
     mkdir -p "$STACK_DIR/logs"
     ensure_promtool
     start_postgres
-    start_kafka
+    local kafka=127.0.0.1:$KAFKA_PORT
+    if [ "$BROKERS" = 3 ]; then
+        start_kafka_cluster
+        kafka="$(cluster_bootstrap) (3 brokers)"
+    else
+        start_kafka
+    fi
     start_registry
     write_env
-    say "ready: postgres $PG_VERSION 127.0.0.1:$PG_PORT, kafka 127.0.0.1:$KAFKA_PORT," \
+    say "ready: postgres $PG_VERSION 127.0.0.1:$PG_PORT, kafka $kafka," \
         "schema registry $REGISTRY_API; settings in $STACK_DIR/env"
 }
 
@@ -683,6 +716,7 @@ cmd_down() {
         stop_by_pid_file "schema registry$mode" "$STACK_DIR/registry$mode.pid"
         stop_by_pid_file "kafka$mode" "$STACK_DIR/kafka$mode.pid"
     done
+    stop_cluster
     stop_postgres
 }
 
@@ -702,7 +736,9 @@ cmd_status() {
         [ -n "$bin" ] && as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1 &&
             say "postgres: $(cat "$data/PG_VERSION") also running ($data)"
     done
-    if kafka_running; then
+    if [ "$BROKERS" = 3 ]; then
+        cluster_status || rc=1
+    elif kafka_running; then
         say "kafka:    running on 127.0.0.1:$KAFKA_PORT, pid $(cat "$KAFKA_PID") (log $KAFKA_LOG)"
     else
         say "kafka:    stopped"

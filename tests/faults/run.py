@@ -1,7 +1,7 @@
 """`make faults`: the pipeline under a seeded schedule of faults, then a count of what Kafka holds.
 
     python -m tests.faults [--seed N] [--duration 200] [--runs 1] [--big-rows 1000000] [--sabotage]
-                           [--delivery exactly-once]
+                           [--delivery exactly-once] [--brokers 3]
 
 One run: a fresh broker on the fault stack (`tests/faults/stack.py`), a private outbox (table, publication,
 slot, topics), `cdc run` under a supervisor that restarts it whenever it exits, the load of
@@ -13,6 +13,12 @@ violation, 2 when the harness itself could not run.
 
 ``--delivery exactly-once`` runs `cdc run` with Kafka transactions: then a read_committed reader must see
 no duplicate either (``no_duplicates_for_read_committed``).
+
+``--brokers 3`` runs on a three-broker cluster (`stack/cluster.sh`, replication factor 3,
+min.insync.replicas = 2) with the cluster's faults instead of the single broker's (`tests/faults/schedule.py`,
+``make_cluster_schedule``): kill -9 of a partition leader, a controlled shutdown, a rolling restart, and two
+brokers down so that the in-sync replicas fall below the minimum, all under load and pipeline kills. The
+figure line then says ``brokers=3`` and what each cluster fault did.
 
 ``--sabotage`` advances the slot behind the pipeline's back in the middle of the run: the suite must then
 report missing events and exit 1 (the proof that it can fail).
@@ -49,10 +55,18 @@ from cdc.consumer import EventDeserializer
 from cdc.errors import format_lsn, parse_lsn
 from cdc.ops import setup as cdc_setup
 from tests.faults.check import Verdict, analyze
+from tests.faults.cluster import ClusterView
 from tests.faults.load import AGGREGATE_TYPES, Load
 from tests.faults.readback import read_dead_letters, read_events, watermarks
-from tests.faults.schedule import MIN_PIPELINE_KILLS, Fault, counts, make_schedule
-from tests.faults.stack import ROOT, FaultStack
+from tests.faults.schedule import (
+    CLUSTER_OUTAGES,
+    MIN_PIPELINE_KILLS,
+    Fault,
+    counts,
+    make_cluster_schedule,
+    make_schedule,
+)
+from tests.faults.stack import BROKER_NODES, ROOT, FaultStack
 from tests.faults.supervisor import Supervisor, start_cdc_run
 from tests.plugins.proxy import TcpProxy
 
@@ -104,6 +118,7 @@ def prepare(stack: FaultStack, seed: int, args: argparse.Namespace) -> Run:
     run_dir = RESULTS / tag
     run_dir.mkdir(parents=True, exist_ok=True)
     dsn = senv["CDC_DATABASE_URL"]
+    replication = senv.get("CDC_TOPIC_REPLICATION_FACTOR", "1")
     _drop_leftovers(dsn)
     template = tag + ".{aggregate_type}"
     overrides = {
@@ -115,6 +130,7 @@ def prepare(stack: FaultStack, seed: int, args: argparse.Namespace) -> Run:
         "topic_template": template,
         "dlq_topic": f"{tag}.dlq",
         "schemas_dir": str(SCHEMAS),
+        "topic_replication_factor": int(replication),
     }
     settings = load_settings(config_file=None, environ={}, overrides=overrides)
     cdc_setup.apply(settings)
@@ -130,6 +146,7 @@ def prepare(stack: FaultStack, seed: int, args: argparse.Namespace) -> Run:
             "CDC_TOPIC_TEMPLATE": template,
             "CDC_DLQ_TOPIC": f"{tag}.dlq",
             "CDC_SCHEMAS_DIR": str(SCHEMAS),
+            "CDC_TOPIC_REPLICATION_FACTOR": replication,
             "CDC_VALUE_FORMAT": value_format(seed, args),
             "CDC_STATUS_INTERVAL": "1",
             "CDC_BACKOFF_MAX": "2",
@@ -190,7 +207,9 @@ def _drop_leftovers(dsn: str) -> None:
 
 SLOW_FAULTS = ("kill_broker", "registry_down", "freeze_registry", "restart_postgres", "big_transaction")
 # each in a thread of its own: pipeline kills keep their times
-SLOW_FAULTS += ("freeze_pg", "freeze_pg_all", "freeze_broker", "freeze_broker_all")
+SLOW_FAULTS += ("freeze_pg", "freeze_pg_all", "freeze_broker", "freeze_broker_all", *CLUSTER_OUTAGES)
+# Calm between two cluster faults, as between the single broker's outages.
+CLUSTER_CALM = 6.0
 
 
 class Faults:
@@ -207,7 +226,7 @@ class Faults:
         load: Load,
         big_rows: int,
         pg_proxy: TcpProxy,
-        broker_proxy: TcpProxy,
+        broker_proxy: TcpProxy | None,
     ) -> None:
         self.run, self.schedule, self.stack = run, schedule, stack
         self.supervisor, self.proxy, self.load, self.big_rows = supervisor, proxy, load, big_rows
@@ -222,6 +241,13 @@ class Faults:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self.t0 = 0.0
+        # The cluster's faults, one at a time (each waits for the replicas of the one before it).
+        self._cluster_lock = threading.Lock()
+        self._cluster_calm_until = 0.0
+        self.in_sync_max = 0.0  # the longest wait for every replica to be in sync again
+        self.isr_low = 0.0  # seconds every partition of the run's topics spent below min.insync.replicas
+        self.isr_low_committed = 0  # events committed meanwhile (they must wait, then all arrive)
+        self.isr_low_refusals = 0  # NOT_ENOUGH_REPLICAS answers the broker left logged meanwhile
 
     def start(self, t0: float) -> None:
         self.t0 = t0
@@ -333,8 +359,104 @@ class Faults:
         """Every connection to PostgreSQL, new ones too, silent for ``hold``, then thawed."""
         self._freeze_then_thaw(self.pg_proxy, "PostgreSQL", fault)
 
+    # -- the three-broker cluster's faults (--brokers 3) -------------------------------------------------
+
+    @contextmanager
+    def _cluster_fault(self) -> Iterator[ClusterView]:
+        """One cluster fault at a time; whatever it left down comes back, even when it failed, so that the
+        next one meets the whole cluster in sync."""
+        with self._cluster_lock, self._outage():
+            time.sleep(max(0.0, self._cluster_calm_until - time.monotonic()))
+            view = ClusterView(self.run.bootstrap)
+            try:
+                yield view
+            finally:
+                if any(self.stack.node_pid(node) is None for node in BROKER_NODES):
+                    self._cluster_back(view, "after a failed fault")
+                self._cluster_calm_until = time.monotonic() + CLUSTER_CALM
+
+    def _cluster_back(self, view: ClusterView, what: str) -> None:
+        """`stack.sh up` starts whatever broker is down; then every replica must be in sync again."""
+        self.stack.up()
+        took = view.wait_in_sync()
+        self.in_sync_max = max(self.in_sync_max, took)
+        self.run.note(self.t0, f"{what}: every replica in sync {took:.1f} s after the restart")
+
+    def kill_leader(self, fault: Fault) -> None:
+        with self._cluster_fault() as view:
+            topic = self.run.topics[0]
+            node, partition = view.busiest_leader(topic)
+            self.stack.kill_node(node)
+            self.run.note(
+                self.t0, f"kill -9 kafka {node}, leader of {topic}[{partition}] (down {fault.hold:.1f} s)"
+            )
+            time.sleep(fault.hold)
+            self._cluster_back(view, f"kafka {node} restarted")
+
+    def stop_broker(self, fault: Fault) -> None:
+        with self._cluster_fault() as view:
+            topic = self.run.topics[1]
+            node, partition = view.busiest_leader(topic)
+            took = self.stack.stop_node(node)
+            self.run.note(
+                self.t0,
+                f"controlled shutdown of kafka {node}, leader of {topic}[{partition}], took {took:.1f} s "
+                f"(down {fault.hold:.1f} s)",
+            )
+            time.sleep(fault.hold)
+            self._cluster_back(view, f"kafka {node} restarted")
+
+    def rolling_restart(self, fault: Fault) -> None:
+        with self._cluster_fault() as view:
+            for node in BROKER_NODES:
+                took = self.stack.stop_node(node)
+                self.run.note(
+                    self.t0, f"rolling restart: controlled shutdown of kafka {node} took {took:.1f} s"
+                )
+                self._cluster_back(view, f"rolling restart: kafka {node} back")
+
+    def isr_below_min(self, fault: Fault) -> None:
+        """Two brokers down: the leader of the busiest partition by kill -9, another by SIGTERM. Every
+        partition is left with one in-sync replica, below min.insync.replicas: no acks=all write may be
+        appended, the producer waits (NOT_ENOUGH_REPLICAS is retriable), and nothing may be lost or
+        dead-lettered. Held for ``hold`` seconds once every partition of the run's topics is below it."""
+        with self._cluster_fault() as view:
+            topics = [*self.run.topics, self.run.dlq]
+            killed, _ = view.busiest_leader(self.run.topics[0])
+            stopped = random.Random(self.run.seed).choice([n for n in BROKER_NODES if n != killed])
+            survivor = next(n for n in BROKER_NODES if n not in (killed, stopped))
+            survivor_log = self.stack.node_log(survivor)
+            log_start = survivor_log.stat().st_size
+            self.stack.kill_node(killed)
+            self.stack.stop_node(stopped)
+            self.run.note(
+                self.t0, f"two brokers down: kill -9 kafka {killed}, controlled shutdown of {stopped}"
+            )
+            took = view.wait_isr_below_min(topics)
+            low_since = time.monotonic()
+            committed = len(self.load.ledger.committed)
+            self.run.note(self.t0, f"every partition below min.insync.replicas {took:.1f} s later")
+            while time.monotonic() - low_since < fault.hold:
+                time.sleep(1.0)
+                if not view.isr_below_min(topics):
+                    raise RuntimeError("a partition of the run's topics got back to 2 in-sync replicas")
+            self.isr_low = time.monotonic() - low_since
+            self.isr_low_committed = len(self.load.ledger.committed) - committed
+            # The broker logs each append it refuses for want of in-sync replicas: the producer was told
+            # NOT_ENOUGH_REPLICAS (retriable), not something that would dead-letter an event.
+            with survivor_log.open("rb") as f:
+                f.seek(log_start)
+                self.isr_low_refusals = f.read().count(b"NotEnoughReplicasException")
+            self.run.note(
+                self.t0,
+                f"ISR < 2 for {self.isr_low:.1f} s: {self.isr_low_committed} events committed meanwhile, "
+                f"{self.isr_low_refusals} appends refused with NOT_ENOUGH_REPLICAS (log of {survivor})",
+            )
+            self._cluster_back(view, f"kafka {killed} and {stopped} restarted")
+
     def freeze_broker(self, fault: Fault) -> None:
         """Every client connection open to the broker goes silent for good; new ones pass."""
+        assert self.broker_proxy is not None, "no broker proxy on the cluster"
         # Exactly once, the failed transaction's abort may wait one more request timeout on the frozen
         # coordinator connection before a new producer takes over.
         extra = 60 if self.run.env.get("CDC_DELIVERY") == "exactly-once" else 0
@@ -342,6 +464,7 @@ class Faults:
 
     def freeze_broker_all(self, fault: Fault) -> None:
         """Every client connection to the broker, new ones too, silent for ``hold``, then thawed."""
+        assert self.broker_proxy is not None, "no broker proxy on the cluster"
         self._freeze_then_thaw(self.broker_proxy, "Kafka", fault)
 
     def _freeze_for_good(self, proxy: TcpProxy, what: str, bound: float) -> None:
@@ -464,17 +587,20 @@ def second_run(run: Run) -> tuple[bool, str]:
 
 
 def one_run(
-    stack: FaultStack, seed: int, args: argparse.Namespace, broker_proxy: TcpProxy
+    stack: FaultStack, seed: int, args: argparse.Namespace, broker_proxy: TcpProxy | None
 ) -> tuple[bool, str]:
     started = time.monotonic()
     run = prepare(stack, seed, args)
-    schedule = make_schedule(
-        seed,
-        args.duration,
-        registry=value_format(seed, args) == "confluent",
-        big_rows=args.big_rows,
-        sabotage=args.sabotage,
-    )
+    if args.brokers == 1:
+        schedule = make_schedule(
+            seed,
+            args.duration,
+            registry=value_format(seed, args) == "confluent",
+            big_rows=args.big_rows,
+            sabotage=args.sabotage,
+        )
+    else:
+        schedule = make_cluster_schedule(seed, args.duration, big_rows=args.big_rows, sabotage=args.sabotage)
     (run.dir / "schedule.txt").write_text("".join(f.describe() + "\n" for f in schedule))
     registry_port = int(run.registry_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
     proxy = TcpProxy(("127.0.0.1", registry_port))
@@ -507,7 +633,8 @@ def one_run(
         proxy.start()
     proxy.thaw()
     pg_proxy.thaw()
-    broker_proxy.thaw()
+    if broker_proxy is not None:
+        broker_proxy.thaw()
     supervisor.resume()
     load.resolve_all()
     target = _current_lsn(run.dsn)
@@ -586,10 +713,19 @@ def figure_line(
 ) -> str:
     planned = counts(schedule)
     done = faults.done
+    cluster = ""
+    if args.brokers != 1:
+        cluster = (
+            f"brokers={args.brokers} "
+            + "".join(f"{k}={done.get(k, 0)}/{planned.get(k, 0)} " for k in CLUSTER_OUTAGES)
+            + f"isr_low={faults.isr_low:.1f}s isr_low_committed={faults.isr_low_committed} "
+            f"isr_low_refusals={faults.isr_low_refusals} "
+            f"in_sync_max={faults.in_sync_max:.1f}s "
+        )
     return (
         f"faults: seed={run.seed} result={'FAIL' if v.violations() else 'PASS'} missing={len(v.missing)} "
         f"broker={broker_mode(run.seed, args)} format={value_format(run.seed, args)} "
-        f"delivery={args.delivery} "
+        f"delivery={args.delivery} {cluster}"
         f"duplicates={v.duplicates} committed={v.committed} rolled_back={v.rolled_back} records={v.records} "
         f"rolled_back_seen={len(v.rolled_back_seen)} order={len(v.order_violations)} "
         f"split_keys={len(v.split_keys)} dead_letters={v.dead_letters} "
@@ -657,6 +793,13 @@ def main(argv: list[str] | None = None) -> int:
         default="at-least-once",
         help="exactly-once: Kafka transactions; a read_committed reader must see no duplicate",
     )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="3: a three-broker cluster (RF 3, min.insync.replicas 2) and the cluster's faults",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs of passing runs too")
     parser.add_argument("--keep-stack", action="store_true", help="leave the fault stack running at the end")
     args = parser.parse_args(argv)
@@ -665,15 +808,18 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     print(f"faults: seed {seed}, {args.runs} run(s) of {args.duration:g} s", flush=True)
-    stack = FaultStack()
+    stack = FaultStack(brokers=args.brokers)
     lines, passed = [], 0
-    # Every client reaches the broker through this proxy (the broker advertises its port): it outlives the
-    # broker's restarts, as a network does.
-    broker_proxy = TcpProxy(stack.kafka_target)
-    broker_proxy.port = stack.kafka_advertised_port
+    # Every client reaches the single broker through this proxy (the broker advertises its port): it
+    # outlives the broker's restarts, as a network does. The cluster's clients connect to its brokers.
+    broker_proxy = None
+    if args.brokers == 1:
+        broker_proxy = TcpProxy(stack.kafka_target)
+        broker_proxy.port = stack.kafka_advertised_port
     try:
         try:
-            broker_proxy.start()
+            if broker_proxy is not None:
+                broker_proxy.start()
             stack.up()
         except (RuntimeError, OSError) as exc:
             print(f"faults: the fault stack did not start: {exc}", file=sys.stderr)
@@ -684,7 +830,8 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(line)
             print(line, flush=True)
     finally:
-        broker_proxy.stop()
+        if broker_proxy is not None:
+            broker_proxy.stop()
         if not args.keep_stack:
             try:
                 stack.down()

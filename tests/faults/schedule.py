@@ -25,6 +25,18 @@ Faults, for a run of ``duration`` seconds:
 
 The infrastructure faults (broker, PostgreSQL, walsender, registry) never overlap one another, so each one's
 effect can be told apart in the logs; pipeline kills fall anywhere, outages included.
+
+On the three-broker cluster (``--brokers 3``, :func:`make_cluster_schedule`) the outages are the cluster's
+instead (``tests/faults/cluster.py``), each at its time or once the one before it has ended and every replica
+is back in sync, whichever comes later:
+
+- ``kill_leader``: ``kill -9`` of the broker that leads the busiest partition of the run's first topic, down
+  ``hold`` (10-20 s), then restarted.
+- ``stop_broker``: a controlled shutdown (SIGTERM, waited for) of the leader of the second topic's busiest
+  partition, down ``hold`` (5-15 s), then restarted.
+- ``rolling_restart``: b1, b2, b3 in turn: SIGTERM, restart, and every replica back in sync before the next.
+- ``isr_below_min``: two brokers down (one ``kill -9``, one SIGTERM), so that every partition has one in-sync
+  replica, below ``min.insync.replicas = 2``, for ``hold`` (25-35 s): the producer must wait, then resume.
 """
 
 from __future__ import annotations
@@ -97,6 +109,47 @@ def make_schedule(
         times.append(rng.uniform(lo + 2, max(lo + 2.5, hi - 4)))
     faults += [Fault(round(t, 2), "kill_pipeline", round(rng.uniform(0, 3), 2)) for t in times]
 
+    if big_rows:
+        faults.append(Fault(round(rng.uniform(0.1, 0.4) * duration, 2), "big_transaction"))
+    if sabotage:
+        faults.append(Fault(round(rng.uniform(0.3, 0.6) * duration, 2), "advance_slot"))
+    return sorted(faults, key=lambda f: (f.at, f.kind))
+
+
+MIN_CLUSTER_DURATION = 150
+CLUSTER_OUTAGES = ("kill_leader", "stop_broker", "rolling_restart", "isr_below_min")
+
+
+def make_cluster_schedule(
+    seed: int, duration: float, *, big_rows: int = 0, sabotage: bool = False
+) -> list[Fault]:
+    """The faults of one run on the three-broker cluster, in time order. The outages are spread over the
+    run; as each waits for the one before it (and for the replicas to catch up), a slow machine stretches
+    them past ``duration``, and the run waits for the last one."""
+    if duration < MIN_CLUSTER_DURATION:
+        raise ValueError(f"a cluster fault run needs at least {MIN_CLUSTER_DURATION} s for its four outages")
+    rng = random.Random(seed)
+    outages = [("kill_leader", rng.uniform(10, 20)), ("stop_broker", rng.uniform(5, 15))]
+    outages += [("rolling_restart", 0.0), ("isr_below_min", rng.uniform(25, 35))]
+    rng.shuffle(outages)
+    # What each takes beside its hold, on a 2-core machine: restarts (about 10 s a broker) and the wait
+    # for the replicas to catch up; a rolling restart is three of them.
+    cost = {"kill_leader": 15.0, "stop_broker": 15.0, "rolling_restart": 45.0, "isr_below_min": 25.0}
+    start, end = 8.0, duration - 15.0
+    slack = max(0.0, (end - start) - sum(hold + cost[kind] for kind, hold in outages))
+    cuts = sorted(rng.uniform(0, slack) for _ in outages)
+    faults, at, previous_cut = [], start, 0.0
+    for (kind, hold), cut in zip(outages, cuts, strict=True):
+        at += cut - previous_cut
+        previous_cut = cut
+        faults.append(Fault(round(at, 2), kind, round(hold, 2)))
+        at += hold + cost[kind]
+
+    kills = max(MIN_PIPELINE_KILLS, round(duration / 13))
+    first, last = 4.0, duration - 10
+    slot = (last - first) / kills
+    times = [first + i * slot + rng.uniform(0.15, 0.85) * slot for i in range(kills)]
+    faults += [Fault(round(t, 2), "kill_pipeline", round(rng.uniform(0, 3), 2)) for t in times]
     if big_rows:
         faults.append(Fault(round(rng.uniform(0.1, 0.4) * duration, 2), "big_transaction"))
     if sabotage:

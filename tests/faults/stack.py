@@ -6,6 +6,11 @@ registry 29081; ``CDC_FAULTS_*`` variables move them (``CDC_FAULTS_KAFKA_PORT`` 
 of `stack/stack.sh`, and so on; ``CDC_FAULTS_STACK_DIR`` moves the directory).
 The broker is started on fresh storage for each run by default, as a newcomer's first `make stack-up` would
 be: a new broker is where the idempotent producer meets a coordinator that is still loading.
+
+``brokers=3`` (``--brokers 3``) is the three-broker cluster of `stack/cluster.sh` instead, in
+``.stack/faults-cluster`` and on ports of its own (PostgreSQL 26532, brokers 30192/30202/30212, controller
+30193, registry 29181; the same ``CDC_FAULTS_*`` variables move them), so that it runs beside the single
+broker's fault stack. Its clients connect to the brokers directly: no proxy, no silences of the broker.
 """
 
 from __future__ import annotations
@@ -32,13 +37,28 @@ PORTS = {
 }
 
 
+CLUSTER_PORTS = {
+    "CDC_STACK_PG_PORT": "26532",
+    "CDC_STACK_KAFKA_PORT": "30192",
+    "CDC_STACK_KAFKA_CONTROLLER_PORT": "30193",
+    "CDC_STACK_REGISTRY_PORT": "29181",
+}
+BROKER_NODES = ("b1", "b2", "b3")
+# A controlled shutdown moves the broker's leaderships away first: it may take a while on a loaded machine.
+STOP_TIMEOUT = 60.0
+
+
 class FaultStack:
-    def __init__(self, directory: Path | None = None) -> None:
-        self.dir = directory or Path(os.environ.get("CDC_FAULTS_STACK_DIR", ROOT / ".stack" / "faults"))
+    def __init__(self, directory: Path | None = None, brokers: int = 1) -> None:
+        self.brokers = brokers
+        default_dir = ROOT / ".stack" / ("faults" if brokers == 1 else "faults-cluster")
+        self.dir = directory or Path(os.environ.get("CDC_FAULTS_STACK_DIR", default_dir))
         self.script_env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
         self.script_env["CDC_STACK_DIR"] = str(self.dir)
-        for key, default in PORTS.items():
+        for key, default in (PORTS if brokers == 1 else CLUSTER_PORTS).items():
             self.script_env[key] = os.environ.get(key.replace("CDC_STACK_", "CDC_FAULTS_"), default)
+        if brokers != 1:
+            self.script_env["CDC_STACK_KAFKA_BROKERS"] = str(brokers)
 
     # -- the stack script ---------------------------------------------------------------------------------
 
@@ -67,7 +87,10 @@ class FaultStack:
         main = ROOT / ".stack"
         # (what to link, the marker stack.sh compares with the poms' hash): the registry's own directory also
         # holds its transaction log, which must not be shared, so only its build is linked.
-        for part, marker in (("kafka/libs", "kafka/libs/.resolved"), ("registry/build", "registry/.built")):
+        builds = [("kafka/libs", "kafka/libs/.resolved"), ("registry/build", "registry/.built")]
+        # promtool too, which stack.sh would otherwise fetch with apt-get download.
+        builds.append(("prometheus", "prometheus/usr/bin/promtool"))
+        for part, marker in builds:
             source, target = main / part, self.dir / part
             if (main / marker).exists() and not target.exists() and main.resolve() != self.dir.resolve():
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +144,10 @@ class FaultStack:
 
     def restart_kafka(self) -> None:
         """Stop the broker (kill -9, as the faults do) and start it again on the same storage."""
+        if self.brokers != 1:
+            self._kill_cluster()
+            self.up()
+            return
         pid = self.kafka_pid()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
@@ -130,12 +157,57 @@ class FaultStack:
     def fresh_kafka(self) -> None:
         """Stop the broker if it runs, wipe its storage, start it again: a broker that has never seen a
         producer, a topic or a coordinator."""
+        if self.brokers != 1:
+            self._kill_cluster()
+            for node in ("ctl", *BROKER_NODES):
+                shutil.rmtree(self.dir / "kafka" / f"data-{node}", ignore_errors=True)
+            self.up()
+            return
         pid = self.kafka_pid()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
             _wait_gone(pid)
         shutil.rmtree(self.dir / "kafka" / "data", ignore_errors=True)
         self.up()
+
+    # -- the three-broker cluster -------------------------------------------------------------------------
+
+    def node_pid(self, node: str) -> int | None:
+        """The pid of cluster node ``node`` (b1, b2, b3, ctl) when it runs."""
+        try:
+            pid = int((self.dir / f"kafka-{node}.pid").read_text().strip())
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError):
+            return None
+
+    def kill_node(self, node: str) -> None:
+        """``kill -9`` of a cluster node; returns once it is gone. `up` starts it again."""
+        pid = self.node_pid(node)
+        if pid is None:
+            raise RuntimeError(f"the fault stack's kafka {node} is not running")
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid)
+
+    def stop_node(self, node: str) -> float:
+        """SIGTERM (a controlled shutdown), waited for ``STOP_TIMEOUT`` s: the seconds it took."""
+        pid = self.node_pid(node)
+        if pid is None:
+            raise RuntimeError(f"the fault stack's kafka {node} is not running")
+        started = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        _wait_gone(pid, STOP_TIMEOUT, what="SIGTERM")
+        return time.monotonic() - started
+
+    def node_log(self, node: str) -> Path:
+        return self.dir / "logs" / f"kafka-{node}.log"
+
+    def _kill_cluster(self) -> None:
+        for node in (*BROKER_NODES, "ctl"):
+            pid = self.node_pid(node)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                _wait_gone(pid)
 
     # -- PostgreSQL ---------------------------------------------------------------------------------------
 
@@ -162,7 +234,7 @@ class FaultStack:
         subprocess.run(command, check=True, capture_output=True, cwd="/", timeout=180)
 
 
-def _wait_gone(pid: int, timeout: float = 30) -> None:
+def _wait_gone(pid: int, timeout: float = 30, what: str = "kill -9") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -175,4 +247,4 @@ def _wait_gone(pid: int, timeout: float = 30) -> None:
         except ChildProcessError:
             pass
         time.sleep(0.05)
-    raise RuntimeError(f"process {pid} is still there {timeout:g} s after kill -9")
+    raise RuntimeError(f"process {pid} is still there {timeout:g} s after {what}")

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.check import Ledger, Seen, analyze
-from tests.faults.schedule import MIN_DURATION, MIN_PIPELINE_KILLS, OUTAGES, counts, make_schedule
+from tests.faults.schedule import (
+    CLUSTER_OUTAGES,
+    MIN_CLUSTER_DURATION,
+    MIN_DURATION,
+    MIN_PIPELINE_KILLS,
+    OUTAGES,
+    counts,
+    make_cluster_schedule,
+    make_schedule,
+)
 
 
 def ledger(*events: tuple[str, str, int], rolled_back: tuple[str, ...] = ()) -> Ledger:
@@ -125,3 +134,25 @@ def test_the_time_another_outage_held_the_stack_is_not_counted_against_a_resumpt
     assert faults._blocked(12, 40, None) == 18  # overlapping outages count once
     assert faults._blocked(0, 60, faults._outages[0]) == 25  # its own outage is not another's; one lasts
     assert faults._blocked(35, 45, None) == 0
+
+
+@pytest.mark.parametrize("seed", range(11, 19))
+@pytest.mark.parametrize("duration", [MIN_CLUSTER_DURATION, 200, 600])
+def test_the_cluster_schedule_holds_each_cluster_fault_once_and_no_single_broker_outage(duration, seed):
+    faults = make_cluster_schedule(seed, duration, big_rows=10, sabotage=True)
+    n = counts(faults)
+    assert {kind: n.get(kind, 0) for kind in CLUSTER_OUTAGES} == dict.fromkeys(CLUSTER_OUTAGES, 1)
+    assert not set(n) & set(OUTAGES), "the single broker's outages have no place on the cluster"
+    assert n["kill_pipeline"] >= MIN_PIPELINE_KILLS
+    assert (n["big_transaction"], n["advance_slot"]) == (1, 1)
+    isr = next(f for f in faults if f.kind == "isr_below_min")
+    assert isr.hold >= 25, "the in-sync replicas must stay below the minimum for a while"
+    outages = [f for f in faults if f.kind in CLUSTER_OUTAGES]
+    for a, b in zip(outages, outages[1:], strict=False):
+        assert a.at + a.hold < b.at, f"{a.describe()} overlaps {b.describe()}"
+    assert all(0 <= f.at <= duration for f in faults)
+
+
+def test_a_cluster_run_too_short_for_its_outages_is_refused():
+    with pytest.raises(ValueError, match="at least"):
+        make_cluster_schedule(1, MIN_CLUSTER_DURATION - 1)

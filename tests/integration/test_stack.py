@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import tempfile
 import urllib.request
@@ -15,12 +16,13 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from psycopg import sql
 
 from tests.plugins.kafka import client_config
-from tests.plugins.pipeline import free_port
+from tests.plugins.pipeline import free_port, port_open
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,6 +205,92 @@ def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres
                 assert primary.execute(
                     "SELECT bool_and(ssl) FROM pg_stat_ssl JOIN pg_stat_replication USING (pid)"
                 ).fetchone() == (True,), "the standby streams over TLS"
+    finally:
+        subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
+        base_file = checkout / ".stack" / "pg-base"
+        if base_file.exists() and base_file.read_text().startswith("/var/tmp/outbox-cdc-"):
+            shutil.rmtree(base_file.read_text().strip(), ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _free_port_block(span: int) -> int:
+    """A port P with P .. P + span free (the cluster's brokers take P, P + 10, P + 20 and each + 5)."""
+    for _ in range(50):
+        base = free_port()
+        if base + span < 65535 and not any(port_open(base + i) for i in range(0, span + 1, 5)):
+            return base
+    raise AssertionError("no block of free ports")
+
+
+def _stack_env(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^export (\w+)='([^']*)'$", path.read_text(), flags=re.MULTILINE))
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0, reason="the case is root's: a checkout that the postgres user cannot enter"
+)
+def test_the_stack_starts_a_secure_three_broker_cluster_from_a_checkout_postgres_cannot_enter():
+    """The three-broker mode combined with the secure one, as root from a checkout of mode 700: the whole
+    stack (PostgreSQL over TLS, three SASL_SSL brokers and their controller, the registry on HTTPS) starts,
+    and a topic made through it has three replicas and min.insync.replicas = 2, written and read as the
+    stack's users."""
+    private = Path(tempfile.mkdtemp(prefix="cdc-private-", dir="/root"))  # mode 700
+    checkout = private / "checkout"
+    shutil.copytree(ROOT / "stack", checkout / "stack")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
+        "CDC_STACK_SECURE": "1",
+        "CDC_STACK_KAFKA_BROKERS": "3",
+        "CDC_STACK_PG_PORT": str(free_port()),
+        "CDC_STACK_KAFKA_PORT": str(_free_port_block(25)),
+        "CDC_STACK_KAFKA_CONTROLLER_PORT": str(free_port()),
+        "CDC_STACK_REGISTRY_PORT": str(free_port()),
+    }
+    script = str(checkout / "stack" / "stack.sh")
+    try:
+        done = subprocess.run(["bash", script, "up"], env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        stack = _stack_env(checkout / ".stack" / "env")
+        assert (checkout / ".stack" / "pg-base").read_text().startswith("/var/tmp/outbox-cdc-")
+        with psycopg.connect(stack["CDC_DATABASE_URL"], connect_timeout=5) as conn:
+            tls = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+            assert tls == (True,)
+        bootstrap = stack["CDC_KAFKA_BOOTSTRAP_SERVERS"]
+        assert len(bootstrap.split(",")) == 3 and stack["CDC_TOPIC_REPLICATION_FACTOR"] == "3"
+        secured = {
+            "bootstrap.servers": bootstrap,
+            "security.protocol": stack["CDC_KAFKA_SECURITY_PROTOCOL"],
+            "sasl.mechanism": stack["CDC_KAFKA_SASL_MECHANISM"],
+            "ssl.ca.location": stack["CDC_KAFKA_SSL_CA_LOCATION"],
+        }
+        admin = AdminClient(
+            {
+                **secured,
+                "sasl.username": stack["CDC_STACK_KAFKA_ADMIN_USERNAME"],
+                "sasl.password": stack["CDC_STACK_KAFKA_ADMIN_PASSWORD"],
+            }
+        )
+        topic = f"cdc_cluster_{uuid.uuid4().hex[:8]}"
+        admin.create_topics([NewTopic(topic, num_partitions=3)])[topic].result(timeout=60)
+        metadata = admin.list_topics(topic, timeout=30).topics[topic]
+        assert [len(p.replicas) for p in metadata.partitions.values()] == [3, 3, 3]
+        configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+        described = next(iter(configs.values())).result(timeout=30)
+        assert described["min.insync.replicas"].value == "2"
+        producer = Producer(
+            {
+                **secured,
+                "sasl.username": stack["CDC_KAFKA_SASL_USERNAME"],
+                "sasl.password": stack["CDC_KAFKA_SASL_PASSWORD"],
+                "acks": "all",
+            }
+        )
+        producer.produce(topic, key=b"k", value=b"v")
+        assert producer.flush(60) == 0
+        request = urllib.request.Request(stack["CDC_SCHEMA_REGISTRY_URL"] + "/subjects")
+        context = ssl.create_default_context(cafile=stack["CDC_SCHEMA_REGISTRY_CA_FILE"])
+        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+            assert answer.status == 200
     finally:
         subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
         base_file = checkout / ".stack" / "pg-base"

@@ -17,7 +17,17 @@ service's dead-letter topic (`<name>.dlq`, created at start when missing) and th
 SIGTERM finishes the current record, commits, leaves the group and exits 0.
 
 Settings: `--database-url` or INVOICE_DATABASE_URL (else CDC_DATABASE_URL), `--bootstrap-servers` or
-CDC_KAFKA_BOOTSTRAP_SERVERS.
+CDC_KAFKA_BOOTSTRAP_SERVERS. On a secured cluster, the connection's settings come from the environment as
+`cdc run`'s do, with the service's own user: INVOICE_KAFKA_<KEY> (else CDC_KAFKA_<KEY>) for SECURITY_PROTOCOL,
+SASL_MECHANISM, SASL_USERNAME, SASL_PASSWORD and SSL_CA_LOCATION, and `--schema-registry-ca-file` or
+CDC_SCHEMA_REGISTRY_CA_FILE for an HTTPS registry. On the secure stack (`CDC_STACK_SECURE=1 make stack-up`)
+that user is `consumer`, whose password .stack/env holds:
+
+    INVOICE_KAFKA_SASL_USERNAME=consumer INVOICE_KAFKA_SASL_PASSWORD=$CDC_STACK_KAFKA_CONSUMER_PASSWORD \
+        python -m examples.invoice_service --topic outbox.event.order --name consumer_invoices
+
+(its ACLs cover groups named consumer_* or group_*, and topics named outbox.*, cdc_*, dlq_* or ckpt_*: name
+the dead-letter topic with `--dlq-topic dlq_invoices`).
 """
 
 from __future__ import annotations
@@ -77,8 +87,23 @@ def invoice_handler(table: str = "invoices") -> Handler:
     return create_invoice
 
 
+# The connection's security settings: librdkafka key of each CDC_KAFKA_<KEY> / INVOICE_KAFKA_<KEY>.
+SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location")
+
+
+def security_config() -> dict[str, str]:
+    """The service's own settings (INVOICE_KAFKA_*) over those it shares with `cdc run` (CDC_KAFKA_*)."""
+    config = {}
+    for key in SECURITY_KEYS:
+        name = key.upper().replace(".", "_")
+        value = os.environ.get(f"INVOICE_KAFKA_{name}") or os.environ.get(f"CDC_KAFKA_{name}")
+        if value:
+            config[key] = value
+    return config
+
+
 def ensure_dlq_topic(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **security_config()})
     if topic not in admin.list_topics(timeout=10).topics:
         future = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic]
         try:
@@ -105,6 +130,11 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
         default=os.environ.get("CDC_SCHEMA_REGISTRY_URL"),
         help="for events in the confluent framing (default: CDC_SCHEMA_REGISTRY_URL)",
     )
+    parser.add_argument(
+        "--schema-registry-ca-file",
+        default=os.environ.get("CDC_SCHEMA_REGISTRY_CA_FILE"),
+        help="the CA of an HTTPS registry (default: CDC_SCHEMA_REGISTRY_CA_FILE)",
+    )
     parser.add_argument("--shutdown-timeout", type=float, default=30.0)
     parser.add_argument("--retry-attempts", type=int, default=5, help="attempts per record on RetryableError")
     parser.add_argument("--on-retries-exhausted", choices=["stop", "dead_letter"], default="stop")
@@ -117,7 +147,7 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
     if not database_url or not args.bootstrap_servers:
         parser.error("set INVOICE_DATABASE_URL (or CDC_DATABASE_URL) and CDC_KAFKA_BOOTSTRAP_SERVERS")
     processed = parse_table(args.processed_table)
-    kafka_config = dict(item.split("=", 1) for item in args.kafka)
+    kafka_config = {**security_config(), **dict(item.split("=", 1) for item in args.kafka)}
     dlq_topic = args.dlq_topic or f"{args.name}.dlq"
     try:
         # Deployment steps, done at start to keep the example one command: the service's own tables
@@ -137,6 +167,7 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
             deserializer=EventDeserializer(
                 args.schemas_dir,
                 schema_registry_url=args.schema_registry_url,
+                schema_registry_ca_file=args.schema_registry_ca_file,
                 reader_versions={"OrderPlaced": 1},
             ),
             dlq_topic=dlq_topic,

@@ -150,7 +150,7 @@ acl() {
 # the names of a deployment, are in docs/operations.md ("Secure deployment").
 grant_kafka_acls() {
     # The marker names the grants' version: a stack made before a grant was added gets it at its next up.
-    [ -f "$KAFKA_DATA/.acls-granted-2" ] && return 0
+    [ -f "$KAFKA_DATA/.acls-granted-4" ] && return 0
     say "granting the secure stack's Kafka ACLs (users cdc and consumer)"
     local prefix group
     for prefix in "${CDC_TOPIC_PREFIXES[@]}"; do
@@ -165,11 +165,17 @@ grant_kafka_acls() {
     # The exactly-once checkpoint reader is a consumer: librdkafka finds its group's coordinator.
     acl --add --allow-principal User:cdc --operation Describe \
         --group outbox-cdc-checkpoint- --resource-pattern-type prefixed
+    # `cdc dlq` keeps its place in a dead-letter topic as a group's committed offsets (cdc-dlq-<topic>).
+    acl --add --allow-principal User:cdc --operation Read --operation Describe \
+        --group cdc-dlq- --resource-pattern-type prefixed
+    # `cdc audit` reads as a group of its own that never joins (cdc-audit-<slot>): Describe, like the
+    # checkpoint reader's.
+    acl --add --allow-principal User:cdc --operation Describe --group cdc-audit- --resource-pattern-type prefixed
     for group in "${CONSUMER_GROUP_PREFIXES[@]}"; do
         acl --add --allow-principal User:consumer --operation Read --operation Describe \
             --group "$group" --resource-pattern-type prefixed
     done
-    touch "$KAFKA_DATA/.acls-granted-2"
+    touch "$KAFKA_DATA/.acls-granted-4"
 }
 
 # The registry on HTTPS only, with the stack's certificate.

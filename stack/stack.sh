@@ -458,6 +458,11 @@ start_kafka() {
     ensure_kafka_installed
     if kafka_running; then
         say "kafka already running on 127.0.0.1:$KAFKA_PORT (pid $(cat "$KAFKA_PID"))"
+        # Grants added since the broker's ACLs were made (grant_kafka_acls' marker names their version).
+        if [ "$SECURE" = 1 ]; then
+            kafka_java_args
+            grant_kafka_acls
+        fi
         return 0
     fi
     if port_open "$KAFKA_PORT"; then

@@ -17,6 +17,7 @@ EVENTS = 2000
 
 
 @pytest.mark.slow
+@pytest.mark.plain("the benchmark's relays and readers connect without TLS or SASL settings")
 def test_bench_measures_every_relay_on_its_own_slot_and_cleans_up(
     pg_admin_dsn, kafka_bootstrap, kafka_admin, pg_connect, unique_name, tmp_path
 ):

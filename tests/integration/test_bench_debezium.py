@@ -8,17 +8,18 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.plugins.pipeline import ROOT
+from tests.plugins.registry import registry_get
 
 EVENTS = 2000
 
 
 @pytest.mark.slow
+@pytest.mark.plain("the benchmark runs Debezium and its own clients without TLS or SASL settings")
 def test_bench_debezium_counts_decodes_and_cleans_up(
     pg_admin_dsn, kafka_bootstrap, schema_registry_url, kafka_admin, pg_connect, unique_name, tmp_path
 ):
@@ -61,5 +62,4 @@ def test_bench_debezium_counts_decodes_and_cleans_up(
         assert slots.fetchall() == []
     topics = kafka_admin.list_topics(timeout=10).topics
     assert [t for t in topics if t.startswith(f"bench.{result['run_id']}.")] == []
-    with urllib.request.urlopen(f"{schema_registry_url}/subjects", timeout=10) as reply:
-        assert [s for s in json.load(reply) if result["run_id"] in s] == []
+    assert [s for s in registry_get(f"{schema_registry_url}/subjects") if result["run_id"] in s] == []

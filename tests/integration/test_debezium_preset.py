@@ -34,7 +34,12 @@ from tests.integration.stream.test_exactly_once import read_all
 from tests.plugins.kafka import read_topics
 from tests.plugins.pipeline import ROOT, SCHEMAS_DIR, PipelineProcess, free_port, order_placed
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.debezium]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.debezium,
+    pytest.mark.plain("Debezium's Kafka Connect worker is run without TLS or SASL settings"),
+]
 
 PARTITIONS = 6
 DEBEZIUM_CONTEXT = ("connectorLogicalName", "connectorName", "runId", "taskId")

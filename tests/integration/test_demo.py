@@ -6,9 +6,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.plugins.pipeline import ROOT
 
 
+@pytest.mark.plain(
+    "the demo is the plain stack's walk-through: its topics and group are not the secure users'"
+)
 def test_demo_shows_decoded_events_and_the_dead_letter(pg_admin_dsn, kafka_bootstrap):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
     env.update(CDC_DATABASE_URL=pg_admin_dsn, CDC_KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap)

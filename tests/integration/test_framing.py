@@ -18,6 +18,7 @@ from cdc.consumer import EventDeserializer
 from cdc.outbox import emit
 from tests.plugins.kafka import Record
 from tests.plugins.pipeline import SCHEMAS_DIR, cdc, order_placed, topic_size, wait_until
+from tests.plugins.registry import registry_ca, registry_client_config
 
 
 class AsMessage:
@@ -72,7 +73,7 @@ def write_events(outbox: Any) -> list[tuple[str, int, dict[str, Any]]]:
 
 
 def subject_versions(registry: str, subject: str) -> list[int]:
-    with SchemaRegistryClient({"url": registry}) as client:
+    with SchemaRegistryClient(registry_client_config(registry)) as client:
         return list(client.get_versions(subject))
 
 
@@ -109,14 +110,21 @@ def test_confluent_round_trip_registers_in_order_and_sets_compatibility(
     subject = f"{topic}-outbox.events.OrderPlaced"  # TopicRecordNameStrategy
     # The first event was v2, yet v1 was registered first: the registry's history is the files' history.
     assert subject_versions(schema_registry_url, subject) == [1, 2]
-    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+    with SchemaRegistryClient(registry_client_config(schema_registry_url)) as client:
         assert client.get_version(subject, 1).schema_id == ids[1]
         assert client.get_compatibility(subject) == "BACKWARD"
-    with EventDeserializer(SCHEMAS_DIR, schema_registry_url=schema_registry_url) as deserializer:
+    with EventDeserializer(
+        SCHEMAS_DIR,
+        schema_registry_url=schema_registry_url,
+        schema_registry_ca_file=registry_ca(schema_registry_url),
+    ) as deserializer:
         events = [deserializer(AsMessage(r)) for r in records]
     assert [(e.id, e.schema_version, e.payload) for e in events] == written
     with EventDeserializer(
-        SCHEMAS_DIR, schema_registry_url=schema_registry_url, reader_versions={"OrderPlaced": 1}
+        SCHEMAS_DIR,
+        schema_registry_url=schema_registry_url,
+        schema_registry_ca_file=registry_ca(schema_registry_url),
+        reader_versions={"OrderPlaced": 1},
     ) as v1_reader:
         assert v1_reader(AsMessage(records[0])).payload == order_placed("o-2")
     assert proc.terminate() == 0
@@ -170,7 +178,7 @@ def test_a_schema_the_registry_refuses_goes_to_the_dlq_and_the_stream_goes_on(
     # Someone registered an OrderPlaced under this subject that ours cannot follow under FULL.
     other = {"type": "record", "name": "OrderPlaced", "namespace": "outbox.events", "fields": []}
     other["fields"] = [{"name": "legacy_ref", "type": "string"}]
-    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+    with SchemaRegistryClient(registry_client_config(schema_registry_url)) as client:
         client.set_compatibility(subject, "FULL")
         client.register_schema(subject, Schema(json.dumps(other), "AVRO"))
     proc = pipeline_process(
@@ -236,7 +244,9 @@ def test_a_10_mb_payload_is_too_large_by_default_and_arrives_when_allowed(
     # m-2 and m-3 may be on two partitions: no order between them.
     arrived = [r for r in records if r.headers["id"].decode() == second.ids[0]]
     assert len(arrived) == 1
-    with EventDeserializer(SCHEMAS_DIR, schema_registry_url=registry) as deserializer:
+    with EventDeserializer(
+        SCHEMAS_DIR, schema_registry_url=registry, schema_registry_ca_file=registry_ca(registry)
+    ) as deserializer:
         assert deserializer(AsMessage(arrived[0])).payload == big
     assert proc.terminate() == 0
 
@@ -278,7 +288,11 @@ def test_dlq_replay_in_the_confluent_framing_registers_the_fixed_schema(
     assert records[0].value[0] == 0, "replayed in the configured framing"
     assert records[0].headers["id"].decode() == txn.ids[0]
     assert subject_versions(schema_registry_url, f"{topic}-outbox.events.RefundIssued") == [1]
-    with EventDeserializer(schemas, schema_registry_url=schema_registry_url) as deserializer:
+    with EventDeserializer(
+        schemas,
+        schema_registry_url=schema_registry_url,
+        schema_registry_ca_file=registry_ca(schema_registry_url),
+    ) as deserializer:
         event = deserializer(AsMessage(records[0]))
     assert (event.event_type, event.schema_version, event.payload) == ("RefundIssued", 1, refund)
     assert proc.terminate() == 0

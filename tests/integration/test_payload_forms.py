@@ -27,6 +27,7 @@ from cdc.consumer import EventDeserializer
 from cdc.outbox import emit
 from tests.integration.test_framing import AsMessage
 from tests.plugins.pipeline import SCHEMAS_DIR
+from tests.plugins.registry import registry_ca
 
 UTC = dt.UTC
 
@@ -233,7 +234,16 @@ def emit_rows(outbox: Any, schemas: Path, source: list[dict[str, Any]]) -> list[
     return ids
 
 
-@pytest.mark.parametrize("value_format", ["single-object", "confluent"])
+@pytest.mark.parametrize(
+    "value_format",
+    [
+        "single-object",
+        pytest.param(
+            "confluent",
+            marks=pytest.mark.plain("the Java decoder fetches schemas from the registry without its CA"),
+        ),
+    ],
+)
 def test_jsonb_build_object_emit_and_messages_arrive_as_java_reads_them(
     outbox, pipeline_process, consume, avro_java, payment_schemas, pg_major, value_format, request
 ):
@@ -260,7 +270,9 @@ def test_jsonb_build_object_emit_and_messages_arrive_as_java_reads_them(
         assert got == expected[record.headers["id"].decode()], record.headers["id"]
         for name, scale in SCALES.items():
             assert Decimal(java["value"][name]["text"]).as_tuple().exponent == -scale, name
-    with EventDeserializer(payment_schemas, schema_registry_url=registry) as deserializer:
+    with EventDeserializer(
+        payment_schemas, schema_registry_url=registry, schema_registry_ca_file=registry_ca(registry)
+    ) as deserializer:
         for record in records:
             event = deserializer(AsMessage(record))
             assert event.payload == expected[event.id]

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from tests.plugins.kafka import client_config
 from tests.plugins.pipeline import free_port, port_open
+from tests.plugins.registry import registry_client_config, registry_get
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,21 +99,19 @@ def _avro(*fields: dict) -> Schema:
 
 
 def test_schema_registry_answers(schema_registry_url):
-    with urllib.request.urlopen(f"{schema_registry_url}/subjects", timeout=10) as response:
-        assert isinstance(json.load(response), list)
-    with urllib.request.urlopen(f"{schema_registry_url}/config", timeout=10) as response:
-        assert "compatibilityLevel" in json.load(response)
+    assert isinstance(registry_get(f"{schema_registry_url}/subjects"), list)
+    assert "compatibilityLevel" in registry_get(f"{schema_registry_url}/config")
 
 
 def test_schema_registry_registers_looks_up_and_enforces_compatibility(schema_registry_url, unique_name):
     subject = f"{unique_name('sr')}-value"
     v1 = _avro({"name": "x", "type": "int"})
     v2 = _avro({"name": "x", "type": "int"}, {"name": "y", "type": "string", "default": ""})
-    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+    with SchemaRegistryClient(registry_client_config(schema_registry_url)) as client:
         schema_id = client.register_schema(subject, v1)
         # The id the registry hands out is the one it serves the schema under (what a consumer of a framed
         # value asks for); a second client, so that the answer is not the first one's cache.
-        with SchemaRegistryClient({"url": schema_registry_url}) as reader:
+        with SchemaRegistryClient(registry_client_config(schema_registry_url)) as reader:
             assert json.loads(reader.get_schema(schema_id).schema_str) == json.loads(v1.schema_str)
         assert client.register_schema(subject, v1) == schema_id  # registering again changes nothing
 

@@ -76,7 +76,8 @@ def with_stack_security(env: dict[str, str]) -> dict[str, str]:
     out = {**kafka_security_env(env.get("CDC_KAFKA_BOOTSTRAP_SERVERS")), **env}
     ca = os.environ.get("CDC_SCHEMA_REGISTRY_CA_FILE")
     registry = env.get("CDC_SCHEMA_REGISTRY_URL")
-    if ca and registry and registry == os.environ.get("CDC_SCHEMA_REGISTRY_URL"):
+    # Every HTTPS registry of the tests is the stack's, directly or through a test's proxy.
+    if ca and registry and registry.startswith("https://"):
         out.setdefault("CDC_SCHEMA_REGISTRY_CA_FILE", ca)
     return out
 

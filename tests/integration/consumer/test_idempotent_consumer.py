@@ -9,6 +9,7 @@ table has no unique constraint: only the processed_events guard keeps invoices s
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
@@ -22,7 +23,12 @@ import orjson
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from psycopg import sql
 
@@ -30,7 +36,13 @@ from cdc.avro.encoder import AvroEncoder, confluent_header
 from cdc.avro.registry import SchemaRegistry
 from cdc.avro.store import SchemaStore
 from cdc.outbox import emit
-from tests.plugins.kafka import client_config, create_topic, delete_topics
+from tests.plugins.kafka import (
+    client_config,
+    create_topic,
+    delete_topics,
+    kafka_security_env,
+    with_stack_security,
+)
 from tests.plugins.pipeline import (
     SCHEMAS_DIR,
     ModuleProcess,
@@ -41,6 +53,7 @@ from tests.plugins.pipeline import (
     topic_size,
     wait_until,
 )
+from tests.plugins.registry import registry_ca, registry_client_config
 
 FAULTS = "tests.integration.consumer.invoice_faults"
 EXAMPLE = "examples.invoice_service"
@@ -55,6 +68,16 @@ FAST_GROUP = [
     "topic.metadata.refresh.interval.ms=1000",
 ]
 ENCODER = AvroEncoder(SchemaStore(SCHEMAS_DIR))
+
+
+def service_user_env(bootstrap: str) -> dict[str, str]:
+    """On the secure stack, the service connects as the `consumer` user (examples/invoice_service.py)."""
+    if not kafka_security_env(bootstrap):
+        return {}
+    return {
+        "INVOICE_KAFKA_SASL_USERNAME": os.environ["CDC_STACK_KAFKA_CONSUMER_USERNAME"],
+        "INVOICE_KAFKA_SASL_PASSWORD": os.environ["CDC_STACK_KAFKA_CONSUMER_PASSWORD"],
+    }
 
 
 @dataclass
@@ -106,12 +129,17 @@ class Rig:
 
     def start(self, module: str = FAULTS, *extra: str, topic: str | None = None, **env: str) -> ModuleProcess:
         environment = _env_for(
-            {
-                "INVOICE_DATABASE_URL": self.dsn,
-                "CDC_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-                "FAULT_DIR": str(self.tmp_path),
-                **env,
-            }
+            with_stack_security(
+                {
+                    "INVOICE_DATABASE_URL": self.dsn,
+                    "CDC_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+                    "FAULT_DIR": str(self.tmp_path),
+                    **service_user_env(self.bootstrap),
+                    # For a registry URL given as an argument (the stack's, or a proxy of it).
+                    **{k: v for k, v in os.environ.items() if k == "CDC_SCHEMA_REGISTRY_CA_FILE"},
+                    **env,
+                }
+            )
         )
         log_path = self.tmp_path / f"service-{len(self.services) + 1}.log"
         service = ModuleProcess([module, *self.args(topic), *extra], environment, log_path, "invoice service")
@@ -181,15 +209,19 @@ def rig(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[Rig]:
-    topic = unique_name("orders")
+    # Names the secure stack's `consumer` user holds rights on (topics cdc_*, dlq_*, groups consumer_*).
+    topic = unique_name("cdc_orders")
     create_topic(kafka_admin, topic, partitions=4)
+    # Made by the operator, as on a cluster where the service's user may not create topics.
+    dlq = unique_name("dlq_invoice")
+    create_topic(kafka_admin, dlq, partitions=1)
     setup = Rig(
         dsn=pg_database,
         bootstrap=kafka_bootstrap,
         admin=kafka_admin,
         topic=topic,
-        dlq=unique_name("invoice_dlq"),
-        name=unique_name("invoice"),
+        dlq=dlq,
+        name=unique_name("consumer_invoice"),
         invoices=unique_name("invoices")[:63],
         processed=unique_name("processed")[:63],
         tmp_path=tmp_path,
@@ -461,7 +493,9 @@ def test_consumer_setup_and_prune_on_the_service_database(pg_database, unique_na
 def test_a_registry_outage_makes_the_consumer_wait_not_dead_letter(rig, schema_registry_url, tcp_proxy):
     """A Confluent-framed record whose schema the consumer must fetch while the registry is down: it waits
     within the retry policy and processes the record once the registry answers; nothing is dead-lettered."""
-    with SchemaRegistry(schema_registry_url, ENCODER.store) as registry:
+    with SchemaRegistry(
+        schema_registry_url, ENCODER.store, ca_file=registry_ca(schema_registry_url)
+    ) as registry:
         schema_id = registry.schema_id(rig.topic, "OrderPlaced", 1)
     order = Order("o-reg")
     order.value = confluent_header(schema_id) + ENCODER.encode_body(
@@ -536,7 +570,7 @@ def test_values_the_registry_cannot_explain_go_to_the_dead_letter_topic(rig, con
     is a JSON schema in the registry. Both are undecodable records: dead-lettered, and the partition goes on
     to the next event instead of the consumer stopping on them for good."""
     json_schema = '{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}'
-    with SchemaRegistryClient({"url": schema_registry_url}) as client:
+    with SchemaRegistryClient(registry_client_config(schema_registry_url)) as client:
         json_id = client.register_schema(f"{rig.topic}-json-value", Schema(json_schema, "JSON"))
     short = Order("o-short", key="k", value=b"\x00\x00\x07")
     not_avro = Order("o-json", key="k", value=confluent_header(json_id) + b'{"order_id": "o-json"}')
@@ -559,8 +593,10 @@ def test_a_dead_letter_too_large_for_its_topic_is_sent_reduced(rig, consume):
     """The dead-letter topic takes at most 4 KB a record; the undecodable record has a 20 KB header and a
     2 KB key. It is dead-lettered without its own headers (its id kept) and with its key cut, and the
     partition goes on; before, the broker's refusal stopped the consumer on it."""
-    small = NewTopic(rig.dlq, num_partitions=1, replication_factor=1, config={"max.message.bytes": "4096"})
-    rig.admin.create_topics([small])[rig.dlq].result(timeout=30)
+    limit = ConfigEntry("max.message.bytes", "4096", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, rig.dlq, incremental_configs=[limit])
+    for future in rig.admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
     bad, after = Order("o-bad", key="k" * 2000), Order("o-after")
     producer = Producer({**client_config(rig.bootstrap)})
     producer.produce(

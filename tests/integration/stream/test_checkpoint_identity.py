@@ -51,7 +51,7 @@ def test_two_servers_with_the_same_names_share_a_checkpoint_topic_and_neither_sk
     """Service B (the stack's cluster, far into its WAL) publishes first; service A, a young cluster with
     the same database, slot and table names, then starts on the same checkpoint topic. Its transactions
     sit below B's checkpoint in LSN: keyed by names, A skipped all of them and confirmed past them."""
-    b = pipeline_process(**eo, CDC_TRANSACTIONAL_ID=f"b-{uuid.uuid4().hex}")
+    b = pipeline_process(**eo, CDC_TRANSACTIONAL_ID=f"outbox-cdc.b-{uuid.uuid4().hex}")
     b.wait_for_log(r"exactly-once: transactional id")
     for n in range(5):
         outbox.commit([outbox.event(f"b-{n}-{i}") for i in range(4)])
@@ -69,7 +69,7 @@ def test_two_servers_with_the_same_names_share_a_checkpoint_topic_and_neither_sk
             last = service_a.transactions[-1]
             assert last.lsn_after < outbox.transactions[0].lsn_before, "A's WAL must be younger than B's"
             a = pipeline_process(
-                **eo, CDC_DATABASE_URL=service_a.dsn, CDC_TRANSACTIONAL_ID=f"a-{uuid.uuid4().hex}"
+                **eo, CDC_DATABASE_URL=service_a.dsn, CDC_TRANSACTIONAL_ID=f"outbox-cdc.a-{uuid.uuid4().hex}"
             )
             a.wait_for_log(r"exactly-once: transactional id")
             wait_until(lambda: service_a.confirmed_lsn() >= last.lsn_after, 30, "A's slot confirmed")

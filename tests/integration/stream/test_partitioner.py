@@ -52,6 +52,7 @@ def test_the_java_tool_is_built_against_the_brokers_client_version():
     assert broker and tool and broker.group(1) == tool.group(1)
 
 
+@pytest.mark.plain("Kafka's Java producer is run without TLS or SASL settings")
 def test_every_key_lands_on_the_partition_javas_producer_chooses(
     outbox: Outbox, pipeline_process, kafka_admin, kafka_bootstrap, java_producer
 ):

@@ -39,6 +39,8 @@ CdcError                          exit 1 unless a subclass says otherwise
 │       └── ProducerFencedError   exactly-once: another process took the transactional id: exit 1
 ├── RecoveryError                 `cdc recover` or `cdc outbox republish` did not finish (no new slot is left)
 │   └── RecoveryRefusedError      exit 2: nothing to recover, a pipeline streams, or rows were pruned past it
+├── AuditError                    `cdc audit` could not read the table or a topic to the end
+│   └── AuditRefusedError         exit 2: the window reaches past what the table, the topics or the slot hold
 ├── DeadLetterFloodError          exit 1: max_dead_letters within dead_letter_window stopped `cdc run`
 ├── SchemaCompatibilityError      exit 1: `cdc schemas check` found versions that break the configured mode
 ├── DeadLetterError               `cdc dlq`: the dead-letter topic cannot be read, or no such record
@@ -56,6 +58,8 @@ from __future__ import annotations
 __all__ = [
     "AccessDeniedError",
     "AggregateTypeNotAllowedError",
+    "AuditError",
+    "AuditRefusedError",
     "BrokerUnreachableError",
     "CdcError",
     "CheckpointError",
@@ -284,6 +288,18 @@ class RecoveryError(CdcError):
 class RecoveryRefusedError(RecoveryError):
     """`cdc recover` will not run: the slot needs no recovery, a pipeline streams from it, or the outbox
     table no longer holds every row it would need. Nothing was changed."""
+
+    exit_code = 2
+
+
+class AuditError(CdcError):
+    """`cdc audit` could not finish: the table or a topic could not be read (to its end, in time). Its verdict
+    is unknown, which is not "nothing missing"."""
+
+
+class AuditRefusedError(AuditError):
+    """`cdc audit` will not judge this window: rows were pruned from it, retention deleted records of it, or
+    it ends where events may still be in flight. The message says which bound to move."""
 
     exit_code = 2
 

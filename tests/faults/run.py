@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from cdc.config_loader import load_settings
 from cdc.consumer import EventDeserializer
 from cdc.errors import format_lsn, parse_lsn
 from cdc.ops import setup as cdc_setup
+from tests.faults.audit import run_audit
 from tests.faults.check import Verdict, analyze
 from tests.faults.cluster import ClusterView
 from tests.faults.load import AGGREGATE_TYPES, Load
@@ -590,6 +592,7 @@ def one_run(
     stack: FaultStack, seed: int, args: argparse.Namespace, broker_proxy: TcpProxy | None
 ) -> tuple[bool, str]:
     started = time.monotonic()
+    wall_start = datetime.now(UTC)
     run = prepare(stack, seed, args)
     if args.brokers == 1:
         schedule = make_schedule(
@@ -657,6 +660,8 @@ def one_run(
     run.note(t0, f"second cdc run: {second_text}")
 
     verdict = analyze(load.ledger, records, dead)
+    audit = run_audit(run.env, wall_start - timedelta(minutes=1), verdict.missing, run.dsn, run.table)
+    run.note(t0, f"cdc audit: {audit.text}")
     with psycopg.connect(run.dsn, autocommit=True) as conn:
         row = conn.execute(
             psycopg.sql.SQL("SELECT count(*) FROM {}").format(psycopg.sql.Identifier(run.table))
@@ -670,10 +675,12 @@ def one_run(
         "ledger_matches_table": in_table == verdict.committed,
         "every_fault_done": not faults.errors,
         "stream_resumed_within_the_bound_of_each_silence": all(t <= bound for t, bound in faults.resumed),
+        "cdc_audit_finds_what_the_checker_finds": audit.agrees,
     }
     if args.delivery == "exactly-once":
         verdict.facts["no_duplicates_for_read_committed"] = verdict.duplicates == 0
     line = figure_line(run, verdict, faults, supervisor, schedule, args, time.monotonic() - started)
+    line += f" {audit.figure()}"
     violations = verdict.violations()
     exits = [f"exit of start {e.start}: code {e.code}: {e.reason}" for e in supervisor.unexpected_exits()]
     (run.dir / "faults.log").write_text(

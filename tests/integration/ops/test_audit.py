@@ -1,0 +1,159 @@
+"""`cdc audit` against the real stack: a clean run has nothing missing, a record dead-lettered then replayed
+counts once, events skipped by a slot moved past them are reported by id, and every window it cannot judge is
+refused (exit 2) with the bound to move."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from tests.plugins.kafka import client_config
+from tests.plugins.pipeline import SCHEMAS_DIR, Outbox, cdc, order_placed, wait_until
+
+INVOICE_V1 = {
+    "type": "record",
+    "name": "InvoiceIssued",
+    "namespace": "outbox.events",
+    "fields": [{"name": "invoice_id", "type": "string"}, {"name": "amount_cents", "type": "long"}],
+}
+
+pytestmark = pytest.mark.slow
+
+
+def saved_commit_time(outbox: Outbox) -> datetime | None:
+    row = outbox.conn.execute(
+        "SELECT commit_time FROM public.cdc_checkpoint WHERE slot = %s", (outbox.slot,)
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def acknowledged(outbox: Outbox, created_at: datetime) -> None:
+    """Until the saved position (cdc_checkpoint) is at or past a transaction created at ``created_at``."""
+    wait_until(
+        lambda: (t := saved_commit_time(outbox)) is not None and t >= created_at,
+        60,
+        "the position saved past the last transaction",
+    )
+
+
+def audit(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any] | None, str]:
+    done = cdc(env, "audit", "--since", "1h", "--json", *args, timeout=180)
+    body = json.loads(done.stdout) if done.stdout.strip() else None
+    return done.returncode, body, done.stderr
+
+
+def test_a_clean_run_a_replayed_dead_letter_and_skipped_events(
+    outbox: Outbox, pipeline_process, consume, tmp_path
+):
+    schemas = tmp_path / "schemas"
+    shutil.copytree(SCHEMAS_DIR, schemas)
+    env = {**outbox.env, "CDC_SCHEMAS_DIR": str(schemas)}
+    proc = pipeline_process(CDC_SCHEMAS_DIR=str(schemas))
+    proc.wait_streaming()
+    invoice = outbox.event(
+        "inv-1",
+        {"invoice_id": "INV-1", "amount_cents": 4200},
+        event_type="InvoiceIssued",
+        aggregate_type="invoice",
+    )
+    hopeless = outbox.event("o-bad", order_placed("o-bad", amount_cents="many"))
+    orders = [outbox.event(f"o-{i}") for i in range(5)]
+    outbox.commit([*orders[:3], invoice, hopeless])
+    second = outbox.commit(orders[3:])
+    assert len(consume(outbox.topic("order"), 5)) == 5
+    assert len(consume(outbox.dlq_topic, 2)) == 2
+    acknowledged(outbox, second.created_at)
+
+    code, body, err = audit(env)
+    assert code == 0, err
+    assert body is not None and body["missing"] == 0 and body["missing_ids"] == []
+    assert body["aggregates"]["order"] == {
+        "expected": 6,
+        "published": 5,
+        "replayed": 0,
+        "discarded": 0,
+        "dead_lettered": 1,
+        "missing": 0,
+        "duplicates": 0,
+    }
+    assert body["aggregates"]["invoice"]["dead_lettered"] == 1
+
+    # The invoice's schema arrives; the dead letter is replayed: published once, counted once.
+    (schemas / "InvoiceIssued").mkdir()
+    (schemas / "InvoiceIssued" / "v1.avsc").write_text(json.dumps(INVOICE_V1))
+    replayed = cdc(env, "dlq", "replay", invoice.id)
+    assert replayed.returncode == 0, replayed.stderr
+    code, body, err = audit(env)
+    assert code == 0, err
+    invoices = body["aggregates"]["invoice"] if body else {}
+    assert (invoices["expected"], invoices["replayed"], invoices["published"], invoices["duplicates"]) == (
+        1,
+        1,
+        0,
+        0,
+    )
+
+    # The slot moved past two transactions while no pipeline ran: their events are lost, and found so.
+    assert proc.terminate(30) == 0
+    lost = [
+        outbox.commit([outbox.event("lost-a"), outbox.event("lost-b")]),
+        outbox.commit([outbox.event("lost-c")]),
+    ]
+    outbox.conn.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (outbox.slot,))
+    after = outbox.commit([outbox.event("after")])
+    proc = pipeline_process(CDC_SCHEMAS_DIR=str(schemas))
+    proc.wait_streaming()
+    acknowledged(outbox, after.created_at)
+    code, body, err = audit(env)
+    assert code == 1, err
+    lost_ids = [i for txn in lost for i in txn.ids]
+    assert body is not None and sorted(body["missing_ids"]) == sorted(lost_ids)
+    assert body["aggregates"]["order"]["missing"] == 3
+    assert "3 committed events are neither published nor dead-lettered" in err
+    table = cdc(env, "audit", "--since", "1h")
+    assert table.returncode == 1 and all(i in table.stdout for i in lost_ids), table.stdout
+    assert proc.terminate(30) == 0
+
+
+def test_windows_it_cannot_judge_are_refused(outbox: Outbox, pipeline_process, consume, kafka_admin):
+    env = outbox.env
+    code, _, err = audit(env)
+    assert code == 2 and "has no acknowledged position" in err, err
+
+    proc = pipeline_process()
+    proc.wait_streaming()
+    txn = outbox.commit([outbox.event(f"o-{i}") for i in range(6)])
+    assert len(consume(outbox.topic("order"), 6)) == 6
+    acknowledged(outbox, txn.created_at)
+    assert proc.terminate(30) == 0
+
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    code, _, err = audit(env, "--until", later)
+    assert code == 2 and "may still be in flight" in err and "--until" in err, err
+
+    # Retention (here: records deleted by hand) took records the window needs.
+    topic = outbox.topic("order")
+    reader = Consumer({**client_config(outbox.settings.kafka.bootstrap_servers), "group.id": "audit-test"})
+    try:
+        partitions = kafka_admin.list_topics(topic, timeout=10).topics[topic].partitions
+        sizes = {p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    finally:
+        reader.close()
+    deletions = [TopicPartition(topic, p, 1) for p, size in sizes.items() if size >= 2]
+    assert deletions, sizes
+    for future in kafka_admin.delete_records(deletions).values():
+        future.result(timeout=30)
+    code, _, err = audit(env)
+    assert code == 2 and "retention deleted offsets below 1" in err and "--since" in err, err
+
+    time.sleep(1.1)
+    pruned = cdc(env, "outbox", "prune", "--older-than", "1s")
+    assert pruned.returncode == 0, pruned.stderr
+    code, _, err = audit(env)
+    assert code == 2 and "were pruned" in err and "--since" in err, err

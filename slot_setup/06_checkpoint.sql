@@ -24,7 +24,10 @@ ALTER TABLE {{checkpoint_table}}
     ADD COLUMN IF NOT EXISTS slot_created_lsn pg_lsn NULL,
     ADD COLUMN IF NOT EXISTS slot_created_at timestamptz NULL,
     ADD COLUMN IF NOT EXISTS pruned_until timestamptz NULL,
-    ADD COLUMN IF NOT EXISTS partitioner text NULL;
+    ADD COLUMN IF NOT EXISTS partitioner text NULL,
+    -- `cdc audit`: every row created before this was audited and found published or dead-lettered, which
+    -- `cdc outbox prune --audited` requires of the rows it deletes.
+    ADD COLUMN IF NOT EXISTS audited_until timestamptz NULL;
 INSERT INTO {{checkpoint_table}} AS c (slot, slot_created_lsn, slot_created_at, updated_at)
 SELECT {{slot_literal}}, created.lsn::pg_lsn, now(), now()
 FROM (SELECT nullif(current_setting('cdc.slot_created_lsn', true), '') AS lsn) AS created

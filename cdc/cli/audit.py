@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cdc.cli.options import build_settings, handles_errors, settings_options
-from cdc.errors import AuditError, ConfigError
+from cdc.errors import AuditError, AuditRefusedError, ConfigError
 
 SHOWN_MISSING = 20  # on a terminal; --json lists every one
 
@@ -60,6 +60,11 @@ def parse_moment(text: str, option: str, now: datetime) -> datetime:
 @click.option(
     "--query-timeout", type=float, default=600.0, show_default=True, help="Seconds any statement may take."
 )
+@click.option(
+    "--metrics-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the verdict as a Prometheus textfile (node_exporter's textfile collector).",
+)
 @handles_errors
 def audit(
     config_file: Path | None,
@@ -70,63 +75,53 @@ def audit(
     margin: str,
     read_timeout: float,
     query_timeout: float,
+    metrics_file: Path | None,
     **flags: Any,
 ) -> None:
     """Reconcile the outbox rows created in a window with the topics and the dead-letter topic: every
     committed event must be published or dead-lettered. Exits 1 when one is missing."""
-    from cdc.ops.audit import STATES
     from cdc.ops.audit import audit as run_audit
+    from cdc.ops.audit_report import (
+        CLEAN,
+        FAILED,
+        MISSING,
+        REFUSED,
+        as_table,
+        metrics_text,
+        write_metrics_file,
+    )
+    from cdc.ops.audit_report import as_json as as_json_report
     from cdc.ops.retention import parse_duration
 
     settings = build_settings(config_file, **flags)
     now = datetime.now(UTC)
-    report = run_audit(
-        settings,
-        since=parse_moment(since, "--since", now),
-        until=None if until is None else parse_moment(until, "--until", now),
-        aggregate_types=aggregate_types,
-        margin=parse_duration(margin, "--margin"),
-        missing_limit=None if as_json else SHOWN_MISSING,
-        read_timeout=read_timeout,
-        query_timeout=query_timeout,
+    window = (
+        parse_moment(since, "--since", now),
+        None if until is None else parse_moment(until, "--until", now),
     )
-    window = report.window
+    try:
+        report = run_audit(
+            settings,
+            since=window[0],
+            until=window[1],
+            aggregate_types=aggregate_types,
+            margin=parse_duration(margin, "--margin"),
+            missing_limit=None if as_json else SHOWN_MISSING,
+            read_timeout=read_timeout,
+            query_timeout=query_timeout,
+        )
+    except AuditError as exc:
+        if metrics_file is not None:
+            result = REFUSED if isinstance(exc, AuditRefusedError) else FAILED
+            write_metrics_file(metrics_file, metrics_text(settings.slot, result, now.timestamp()))
+        raise
+    if metrics_file is not None:
+        result = MISSING if report.missing else CLEAN
+        write_metrics_file(metrics_file, metrics_text(settings.slot, result, now.timestamp(), report))
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "since": window.since.isoformat(),
-                    "until": window.until.isoformat(),
-                    "acknowledged": window.acknowledged.isoformat(),
-                    "by_commit_timestamp": window.by_commit,
-                    "topics": report.topics,
-                    "aggregates": {k: vars(v) for k, v in sorted(report.aggregates.items())},
-                    "missing": report.missing,
-                    "missing_ids": report.missing_ids,
-                    "without_row": report.without_row,
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(as_json_report(report), indent=2))
     else:
-        click.echo(
-            f"window {window.since.isoformat(timespec='seconds')} .. "
-            f"{window.until.isoformat(timespec='seconds')}"
-            f" (rows by {'commit timestamp' if window.by_commit else 'created_at'})"
-        )
-        columns = ("expected", *STATES, "duplicates")
-        click.echo(f"{'AGGREGATE TYPE':<24}" + "".join(f"{c.upper().replace('_', ' '):>14}" for c in columns))
-        for name, counts in sorted(report.aggregates.items()):
-            click.echo(f"{name:<24}" + "".join(f"{getattr(counts, c):>14}" for c in columns))
-        if report.without_row:
-            click.echo(
-                f"{report.without_row} records of the window have no row: events emitted as logical messages "
-                "(outbox_emit_message) leave none, and the audit cannot check them"
-            )
-        if report.missing_ids:
-            more = report.missing - len(report.missing_ids)
-            click.echo(
-                f"missing: {', '.join(report.missing_ids)}" + (f" and {more} more (--json)" if more else "")
-            )
+        for line in as_table(report):
+            click.echo(line)
     if report.missing:
         raise AuditError(f"{report.missing} committed events are neither published nor dead-lettered")

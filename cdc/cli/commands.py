@@ -166,9 +166,19 @@ def outbox() -> None:
     is_flag=True,
     help="A partitioned outbox: drop the partitions whose upper bound is older, instead of deleting rows.",
 )
+@click.option(
+    "--audited",
+    is_flag=True,
+    help="Refuse unless a clean `cdc audit` covered every row it would delete (audited_until).",
+)
 @handles_errors
 def outbox_prune(
-    config_file: Path | None, older_than: str, batch_size: int, drop_partitions: bool, **flags: Any
+    config_file: Path | None,
+    older_than: str,
+    batch_size: int,
+    drop_partitions: bool,
+    audited: bool,
+    **flags: Any,
 ) -> None:
     """Delete old outbox rows in small batches (safe: the WAL already carried their inserts)."""
     from cdc.ops import retention
@@ -176,12 +186,12 @@ def outbox_prune(
     settings = build_settings(config_file, **flags)
     age = retention.parse_duration(older_than)
     if drop_partitions:
-        dropped = retention.drop_partitions(settings, age)
+        dropped = retention.drop_partitions(settings, age, audited=audited)
         click.echo(f"dropped {len(dropped)} partitions older than {older_than} of {settings.table}")
         for name in dropped:
             click.echo(f"  {name}")
         return
-    deleted = retention.prune(settings, age, batch_size=batch_size)
+    deleted = retention.prune(settings, age, batch_size=batch_size, audited=audited)
     click.echo(f"deleted {deleted} rows older than {older_than} from {settings.table}")
 
 

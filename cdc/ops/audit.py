@@ -48,7 +48,7 @@ from cdc.errors import (
 )
 from cdc.ops.audit_read import TopicReader, dead_letter_row, event_row
 from cdc.pg import connect, database_dsn, tracks_commit_timestamps
-from cdc.stream.progress import read_position
+from cdc.stream.progress import CHECKPOINT_TABLE, read_position
 from cdc.stream.route import EventRouter
 
 log = logging.getLogger("cdc.audit")
@@ -82,7 +82,9 @@ class AuditReport:
     aggregates: dict[str, AggregateCounts] = field(default_factory=dict)
     missing_ids: list[str] = field(default_factory=list)  # the first ones, or every one
     without_row: int = 0  # records of the window whose id has no row: logical messages, or rows deleted
+    audited_until: datetime | None = None  # cdc_checkpoint's, after this audit
     topics: list[str] = field(default_factory=list)
+    filtered: bool = False  # --aggregate-type: some rows were not judged
 
     @property
     def missing(self) -> int:
@@ -290,7 +292,7 @@ def _audit(
 ) -> AuditReport:
     window = plan(conn, settings, since=since, until=until, margin=margin)
     _expected(conn, settings, window, aggregate_types)
-    report = AuditReport(window=window, topics=_topics(conn, settings))
+    report = AuditReport(window=window, topics=_topics(conn, settings), filtered=bool(aggregate_types))
     conn.execute(
         'CREATE TEMP TABLE audit_records (kind "char", id text, ts timestamptz, position text, '
         "resolves text, how text)"
@@ -304,4 +306,52 @@ def _audit(
     log.info("audit: %d records of %d topics read", copied, len(report.topics) + 1)
     _judge(conn, report, missing_limit)
     report.without_row = _without_row(conn, settings, window)
+    report.audited_until = _note_audited(conn, settings, window, report)
     return report
+
+
+def _note_audited(
+    conn: psycopg.Connection[Any], settings: Settings, window: Window, report: AuditReport
+) -> datetime | None:
+    """After a clean audit, move ``cdc_checkpoint.audited_until`` (what `cdc outbox prune --audited` may
+    delete before) to the window's end, when the window joins what was audited before (or starts before the
+    table's oldest row) and every row before its end was judged (a row of a transaction that committed after
+    the acknowledged one was not: the mark stops at the oldest such row)."""
+    saved = read_position(conn, settings)
+    before = saved.audited_until if saved is not None else None
+    if report.missing or report.filtered:  # a filtered audit judged no row of the other aggregate types
+        return before
+    table = sql.Identifier(settings.table.schema, settings.table.name)
+    created = sql.Identifier(settings.columns.created_at or "created_at")
+    oldest = conn.execute(sql.SQL("SELECT min({}) FROM {}").format(created, table)).fetchone()
+    joins = (before is not None and window.since <= before) or (
+        oldest is not None and (oldest[0] is None or oldest[0] >= window.since)
+    )
+    if not joins:
+        log.info(
+            "audit: the window does not join the audited rows (up to %s): audited_until unchanged", before
+        )
+        return before
+    until = window.until
+    if window.by_commit:
+        late = conn.execute(
+            sql.SQL(
+                "SELECT min({c}) FROM {t} WHERE {c} >= %s AND {c} < %s "
+                "AND pg_xact_commit_timestamp(xmin) > %s"
+            ).format(c=created, t=table),
+            (window.since, window.until, window.acknowledged),
+        ).fetchone()
+        if late is not None and late[0] is not None:
+            until = min(until, late[0])
+    try:
+        row = conn.execute(
+            sql.SQL(
+                "UPDATE {} SET audited_until = greatest(audited_until, %s) WHERE slot = %s "
+                "RETURNING audited_until"
+            ).format(sql.Identifier(settings.table.schema, CHECKPOINT_TABLE)),
+            (until, settings.slot),
+        ).fetchone()
+    except psycopg.Error as exc:
+        log.warning("audit: could not note audited_until (run `cdc setup`?): %s", first_line(exc))
+        return before
+    return None if row is None else row[0]

@@ -17,9 +17,9 @@ import psycopg
 from psycopg import sql
 
 from cdc.config import Settings
-from cdc.errors import ConfigError
+from cdc.errors import AuditRefusedError, ConfigError
 from cdc.pg import DELETE_LOCKED, connect, database_dsn, tracks_commit_timestamps
-from cdc.stream.progress import checkpoint_table
+from cdc.stream.progress import checkpoint_table, read_position
 
 log = logging.getLogger("cdc.retention")
 
@@ -45,8 +45,28 @@ def parse_duration(text: str, option: str = "--older-than") -> timedelta:
     return duration
 
 
-def prune(settings: Settings, older_than: timedelta, *, batch_size: int = 10_000) -> int:
-    """Delete outbox rows created more than ``older_than`` ago; returns how many were deleted."""
+def check_audited(conn: psycopg.Connection[Any], settings: Settings, older_than: timedelta) -> None:
+    """``--audited``: refuse to delete a row that no clean `cdc audit` covered (``audited_until``)."""
+    row = conn.execute("SELECT now() - %s", (older_than,)).fetchone()
+    assert row is not None
+    cutoff = row[0]
+    saved = read_position(conn, settings)
+    audited = saved.audited_until if saved is not None else None
+    if audited is None or cutoff > audited:
+        covered = "no row yet" if audited is None else f"the rows created before {audited.isoformat()}"
+        since = "<the oldest row's time>" if audited is None else audited.isoformat()
+        raise AuditRefusedError(
+            f"--audited: pruning rows older than {older_than} would delete rows created up to "
+            f"{cutoff.isoformat()}, but a clean `cdc audit` has covered {covered}: run `cdc audit --since "
+            f"{since}` first, or prune with a longer --older-than"
+        )
+
+
+def prune(
+    settings: Settings, older_than: timedelta, *, batch_size: int = 10_000, audited: bool = False
+) -> int:
+    """Delete outbox rows created more than ``older_than`` ago; returns how many were deleted. ``audited``:
+    only when `cdc audit` covered every one of them."""
     created_at = settings.columns.created_at
     if created_at is None:
         raise ConfigError(
@@ -59,6 +79,8 @@ def prune(settings: Settings, older_than: timedelta, *, batch_size: int = 10_000
     table = sql.Identifier(settings.table.schema, settings.table.name)
     total = 0
     with connect(database_dsn(settings), timeout=settings.query_timeout) as conn:
+        if audited:
+            check_audited(conn, settings, older_than)
         statement = _statement(conn, settings, table, sql.Identifier(created_at))
         while True:
             deleted = _delete_batch(conn, statement, older_than, batch_size, settings.slot)
@@ -122,7 +144,7 @@ def _commit_time(conn: psycopg.Connection[Any]) -> sql.SQL:
     return sql.SQL("pg_xact_commit_timestamp(xmin)" if tracked else "NULL::timestamptz")
 
 
-def drop_partitions(settings: Settings, older_than: timedelta) -> list[str]:
+def drop_partitions(settings: Settings, older_than: timedelta, *, audited: bool = False) -> list[str]:
     """Drop the partitions of a partitioned outbox (range-partitioned by creation time) whose upper bound is
     more than ``older_than`` ago: instant, and no dead rows for vacuum. Before each drop, the newest commit
     (or creation) time of its rows is noted as ``pruned_until`` (a scan of the partition), in the same
@@ -134,6 +156,8 @@ def drop_partitions(settings: Settings, older_than: timedelta) -> list[str]:
     # one's lock for long, though: an exclusive lock request queued behind a writer would stop every writer.
     with connect(database_dsn(settings), timeout=None) as conn:
         conn.execute("SELECT set_config('lock_timeout', '5s', false)")
+        if audited:
+            check_audited(conn, settings, older_than)
         name = table.as_string(conn)
         kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (name,)).fetchone()
         if kind is None or kind[0] != "p":

@@ -69,6 +69,7 @@ class SavedPosition:
     slot_created_at: datetime | None = None
     pruned_until: datetime | None = None  # the newest row `cdc outbox prune` deleted
     partitioner: str | None = None  # what the slot's events were published with (None: not recorded)
+    audited_until: datetime | None = None  # every row created before it passed a `cdc audit`
 
 
 def read_position(conn: psycopg.Connection[Any], settings: Settings) -> SavedPosition | None:
@@ -95,6 +96,7 @@ def _read(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition
         slot_created_at=_time(c.get("slot_created_at")),
         pruned_until=_time(c.get("pruned_until")),
         partitioner=c.get("partitioner"),
+        audited_until=_time(c.get("audited_until")),
     )
 
 

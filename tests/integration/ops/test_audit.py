@@ -133,6 +133,18 @@ def test_windows_it_cannot_judge_are_refused(outbox: Outbox, pipeline_process, c
     acknowledged(outbox, txn.created_at)
     assert proc.terminate(30) == 0
 
+    # cdc outbox prune --audited: nothing audited yet; then a clean audit covers the rows up to its end.
+    refused = cdc(env, "outbox", "prune", "--older-than", "1s", "--audited")
+    assert refused.returncode == 2 and "has covered no row yet" in refused.stderr, refused.stderr
+    code, body, err = audit(env)
+    assert code == 0 and body is not None and body["audited_until"] is not None, err
+    assert datetime.fromisoformat(body["audited_until"]) == datetime.fromisoformat(body["until"])
+    kept = cdc(env, "outbox", "prune", "--older-than", "1h", "--audited")
+    assert kept.returncode == 0 and "deleted 0 rows" in kept.stdout, kept.stderr
+    time.sleep(1.1)
+    refused = cdc(env, "outbox", "prune", "--older-than", "1s", "--audited")
+    assert refused.returncode == 2 and "has covered the rows created before" in refused.stderr, refused.stderr
+
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     code, _, err = audit(env, "--until", later)
     assert code == 2 and "may still be in flight" in err and "--until" in err, err

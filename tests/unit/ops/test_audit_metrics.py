@@ -15,7 +15,7 @@ from cdc.ops.audit import AggregateCounts, AuditReport, Window
 from cdc.ops.audit_report import MISSING, REFUSED, metrics_text, write_metrics_file
 from tests.unit.test_deploy import names, promtool
 
-RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "outbox-cdc-audit.yml"
+RULES = Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "outbox-cdc-audit.yml"
 MOMENT = datetime(2026, 12, 5, 12, tzinfo=UTC)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from click.testing import CliRunner
 
@@ -12,8 +13,10 @@ PLANT = "s3cr3t-PLANT"
 
 
 def run(args, env=None):
+    # None unsets: the CDC_* variables of the shell (a sourced .stack/env) are not this test's.
+    outside = {k: None for k in os.environ if k.startswith("CDC_")}
     base = {"CDC_DATABASE_URL": f"postgresql://app:{PLANT}@db.internal:5432/shop"}
-    return CliRunner().invoke(main, args, env={**base, **(env or {})})
+    return CliRunner().invoke(main, args, env={**outside, **base, **(env or {})})
 
 
 def test_config_show_redacts_and_names_the_sources(tmp_path):

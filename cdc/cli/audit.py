@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cdc.cli.options import build_settings, handles_errors, settings_options
-from cdc.errors import AuditError, AuditRefusedError, ConfigError
+from cdc.errors import AccessDeniedError, AuditError, AuditRefusedError, CdcError, ConfigError
 
 SHOWN_MISSING = 20  # on a terminal; --json lists every one
 
@@ -110,9 +110,9 @@ def audit(
             read_timeout=read_timeout,
             query_timeout=query_timeout,
         )
-    except AuditError as exc:
+    except CdcError as exc:
         if metrics_file is not None:
-            result = REFUSED if isinstance(exc, AuditRefusedError) else FAILED
+            result = REFUSED if isinstance(exc, AuditRefusedError | AccessDeniedError) else FAILED
             write_metrics_file(metrics_file, metrics_text(settings.slot, result, now.timestamp()))
         raise
     if metrics_file is not None:

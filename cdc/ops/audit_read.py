@@ -26,7 +26,7 @@ from typing import Any, Final
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from cdc.config import Settings
-from cdc.errors import AuditError, AuditRefusedError, first_line
+from cdc.errors import AccessDeniedError, AuditError, AuditRefusedError, first_line
 from cdc.logs import kafka_log
 from cdc.ops.dlq import DISCARDED_BY, REPLAYED_TO, RESOLVED
 from cdc.stream.sink import admin_config
@@ -63,8 +63,10 @@ class TopicReader:
 
     def __init__(self, settings: Settings, *, read_timeout: float) -> None:
         self.read_timeout = read_timeout
+        config = consumer_config(settings)
+        self.group = str(config["group.id"])
         try:
-            self._consumer = Consumer(consumer_config(settings))
+            self._consumer = Consumer(config)
         except KafkaException as exc:
             raise AuditError(f"cannot make a Kafka consumer: {first_line(exc)}") from exc
 
@@ -76,15 +78,22 @@ class TopicReader:
 
     def ranges(self, topics: Sequence[str], start_ms: int) -> dict[TopicPartition, tuple[int, int]]:
         """Per partition of the topics that exist, ``[first offset at or after start_ms, high watermark)``;
-        refused when retention may have deleted records at or after ``start_ms``."""
-        try:
-            metadata = self._consumer.list_topics(timeout=KAFKA_TIMEOUT)
-        except KafkaException as exc:
-            raise AuditError(f"cannot read Kafka's metadata: {first_line(exc)}") from exc
+        refused when retention may have deleted records at or after ``start_ms``.
+
+        Each topic is asked for by name: a broker leaves the topics a user may not describe out of a listing,
+        and taking one for "does not exist" would report its every event missing."""
         out: dict[TopicPartition, tuple[int, int]] = {}
         for topic in topics:
-            found = metadata.topics.get(topic)
-            if found is None or found.error is not None:
+            try:
+                found = self._consumer.list_topics(topic, timeout=KAFKA_TIMEOUT).topics.get(topic)
+            except KafkaException as exc:
+                raise AuditError(f"cannot read the metadata of {topic}: {first_line(exc)}") from exc
+            error = None if found is None else found.error
+            if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise denied(topic)
+            if found is None or error is not None:
+                if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise AuditError(f"cannot read the metadata of {topic}: {error.str()}")
                 log.info("topic %s does not exist: nothing of the window is in it", topic)
                 continue
             for partition in sorted(found.partitions):
@@ -171,6 +180,15 @@ class TopicReader:
                     if key in pending and offset >= pending[key]:
                         del pending[key]
                     continue
+                if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise denied(msg.topic() or "?")
+                if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    raise AccessDeniedError(
+                        f"Kafka denies the audit the right Describe on Group:{self.group}. Grant it: "
+                        f"kafka-acls.sh ... --add --allow-principal User:<user> --operation Describe "
+                        f"--group {self.group}",
+                        right=f"Describe on Group:{self.group}",
+                    )
                 if error.fatal() or not error.retriable():
                     raise AuditError(f"reading {msg.topic()} failed: {error.str()}")
                 continue
@@ -190,6 +208,15 @@ class TopicReader:
         self._consumer.unassign()
         if batch:
             yield batch
+
+
+def denied(topic: str) -> AccessDeniedError:
+    """A topic the audit may not read: a refusal naming the grant, never its events reported missing."""
+    return AccessDeniedError(
+        f"Kafka denies the audit the right Read (and Describe) on Topic:{topic}. Grant it: kafka-acls.sh ... "
+        f"--add --allow-principal User:<user> --operation Read --operation Describe --topic {topic}",
+        right=f"Read on Topic:{topic}",
+    )
 
 
 def header(msg: Any, name: str) -> str | None:

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-debezium faults faults-cluster stack-up stack-down stack-status clean
+.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-debezium bench-audit faults faults-cluster stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -70,6 +70,9 @@ bench-consumer: $(STAMP) stack-up ## what exactly-once costs a downstream consum
 
 bench-debezium: $(STAMP) stack-up ## cdc run beside Debezium 3.6.1 (Kafka Connect standalone, Outbox Event Router): default, tuned, Avro (BENCH_ARGS="--events 20000")
 	. .stack/env && $(BIN)/python -m tests.bench.debezium $(BENCH_ARGS)
+
+bench-audit: $(STAMP) stack-up ## cdc audit's peak memory and time at 10 000 and 1 000 000 events (BENCH_ARGS="--events 10000 --events 10000000")
+	. .stack/env && $(BIN)/python -m tests.bench.audit $(BENCH_ARGS)
 
 faults: $(STAMP) ## the fault suite: kills and outages under load, then nothing lost? (FAULTS_ARGS="--seed N --duration S --runs K")
 	$(BIN)/python -m tests.faults $(FAULTS_ARGS)

@@ -48,8 +48,9 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "enable.partition.eof": True,
         "isolation.level": "read_committed",
         # Memory: at most this much fetched ahead, whatever the topics hold.
-        "queued.max.messages.kbytes": 16384,
-        "fetch.max.bytes": 8 * 1024 * 1024,
+        "queued.max.messages.kbytes": 4096,
+        "queued.min.messages": 1000,
+        "fetch.max.bytes": 4 * 1024 * 1024,
         "logger": kafka_log,
     }
 

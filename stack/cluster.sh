@@ -215,7 +215,7 @@ start_kafka_cluster() {
 # stop_cluster: the brokers first, together (SIGTERM is a controlled shutdown: the controller moves their
 # leaderships away, which it can only do while it runs), then the controller. 30 s each before SIGKILL.
 stop_cluster() {
-    local mode node pid pids=() i
+    local mode node pid pids=()
     for mode in "" -secure; do
         for node in "${CLUSTER_BROKERS[@]}"; do
             pid=$(cat "$STACK_DIR/kafka$mode-$node.pid" 2>/dev/null) || continue
@@ -225,16 +225,7 @@ stop_cluster() {
                 pids+=("$pid")
             fi
         done
-        for pid in "${pids[@]}"; do
-            for i in $(seq 1 60); do
-                kill -0 "$pid" 2>/dev/null || break
-                sleep 0.5
-            done
-            if kill -0 "$pid" 2>/dev/null; then
-                say "kafka broker pid $pid did not stop in 30 s; killing it"
-                kill -KILL "$pid" 2>/dev/null || true
-            fi
-        done
+        for pid in "${pids[@]}"; do wait_or_kill "kafka broker pid $pid" "$pid"; done
         pids=()
         for node in "${CLUSTER_BROKERS[@]}"; do rm -f "$STACK_DIR/kafka$mode-$node.pid"; done
         [ -f "$STACK_DIR/kafka$mode-ctl.pid" ] &&

@@ -514,7 +514,7 @@ EOF
 
 # stop_by_pid_file NAME PID_FILE: TERM the process this script started, KILL it after 30 s.
 stop_by_pid_file() {
-    local name=$1 pid_file=$2 pid i
+    local name=$1 pid_file=$2 pid
     if ! { [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; }; then
         rm -f "$pid_file"
         say "$name is not running"
@@ -523,15 +523,19 @@ stop_by_pid_file() {
     pid=$(cat "$pid_file")
     say "stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
+    wait_or_kill "$name" "$pid"
+    rm -f "$pid_file"
+}
+
+# wait_or_kill NAME PID: up to 30 s for a process sent SIGTERM to exit, then SIGKILL.
+wait_or_kill() {
+    local name=$1 pid=$2 i
     for i in $(seq 1 60); do
-        kill -0 "$pid" 2>/dev/null || break
+        kill -0 "$pid" 2>/dev/null || return 0
         sleep 0.5
     done
-    if kill -0 "$pid" 2>/dev/null; then
-        say "$name did not stop in 30 s; killing it"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$pid_file"
+    say "$name did not stop in 30 s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
 }
 
 

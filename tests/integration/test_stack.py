@@ -11,6 +11,8 @@ import subprocess
 import tempfile
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -163,6 +165,25 @@ def test_the_stack_starts_a_standby_that_streams_and_syncs_failover_slots(tmp_pa
         subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
 
 
+@contextmanager
+def private_checkout(env: dict[str, str]) -> Iterator[tuple[Path, Path, str]]:
+    """``(private, checkout, stack.sh)``: the stack's scripts copied under a fresh directory of /root (mode
+    700, which the postgres user cannot enter); afterwards the stack `clean`ed with ``env`` and the cluster
+    it moved to /var/tmp removed."""
+    private = Path(tempfile.mkdtemp(prefix="cdc-private-", dir="/root"))
+    checkout = private / "checkout"
+    shutil.copytree(ROOT / "stack", checkout / "stack")
+    script = str(checkout / "stack" / "stack.sh")
+    try:
+        yield private, checkout, script
+    finally:
+        subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
+        base_file = checkout / ".stack" / "pg-base"
+        if base_file.exists() and base_file.read_text().startswith("/var/tmp/outbox-cdc-"):
+            shutil.rmtree(base_file.read_text().strip(), ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
+
+
 @pytest.mark.skipif(
     os.getuid() != 0, reason="the case is root's: a checkout that the postgres user cannot enter"
 )
@@ -174,17 +195,13 @@ def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres
     server runs as 'postgres', which cannot enter it: the cluster and the unpacked server binaries of a
     Maven-fetched version (13) must both live elsewhere (/var/tmp/outbox-cdc-*). The secure stack's server
     certificate and CA too (copied into the data directory), and its standby streams over TLS."""
-    private = Path(tempfile.mkdtemp(prefix="cdc-private-", dir="/root"))  # mode 700
-    checkout = private / "checkout"
-    shutil.copytree(ROOT / "stack", checkout / "stack")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
         "CDC_STACK_PG_VERSION": "13",
         "CDC_STACK_SECURE": secure,
         "CDC_STACK_PG_PORT": str(free_port()),
     }
-    script = str(checkout / "stack" / "stack.sh")
-    try:
+    with private_checkout(env) as (private, checkout, script):
         assert subprocess.run(["runuser", "-u", "postgres", "--", "test", "-x", str(private)]).returncode != 0
         for command in ("postgres", "standby"):  # `postgres` starts the cluster as `up` does
             done = subprocess.run(
@@ -204,12 +221,6 @@ def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres
                 assert primary.execute(
                     "SELECT bool_and(ssl) FROM pg_stat_ssl JOIN pg_stat_replication USING (pid)"
                 ).fetchone() == (True,), "the standby streams over TLS"
-    finally:
-        subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
-        base_file = checkout / ".stack" / "pg-base"
-        if base_file.exists() and base_file.read_text().startswith("/var/tmp/outbox-cdc-"):
-            shutil.rmtree(base_file.read_text().strip(), ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
 
 
 def _free_port_block(span: int) -> int:
@@ -233,9 +244,6 @@ def test_the_stack_starts_a_secure_three_broker_cluster_from_a_checkout_postgres
     stack (PostgreSQL over TLS, three SASL_SSL brokers and their controller, the registry on HTTPS) starts,
     and a topic made through it has three replicas and min.insync.replicas = 2, written and read as the
     stack's users."""
-    private = Path(tempfile.mkdtemp(prefix="cdc-private-", dir="/root"))  # mode 700
-    checkout = private / "checkout"
-    shutil.copytree(ROOT / "stack", checkout / "stack")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
         "CDC_STACK_SECURE": "1",
@@ -245,8 +253,7 @@ def test_the_stack_starts_a_secure_three_broker_cluster_from_a_checkout_postgres
         "CDC_STACK_KAFKA_CONTROLLER_PORT": str(free_port()),
         "CDC_STACK_REGISTRY_PORT": str(free_port()),
     }
-    script = str(checkout / "stack" / "stack.sh")
-    try:
+    with private_checkout(env) as (_, checkout, script):
         done = subprocess.run(["bash", script, "up"], env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr
         stack = _stack_env(checkout / ".stack" / "env")
@@ -290,9 +297,3 @@ def test_the_stack_starts_a_secure_three_broker_cluster_from_a_checkout_postgres
         context = ssl.create_default_context(cafile=stack["CDC_SCHEMA_REGISTRY_CA_FILE"])
         with urllib.request.urlopen(request, timeout=30, context=context) as answer:
             assert answer.status == 200
-    finally:
-        subprocess.run(["bash", script, "clean"], env=env, capture_output=True, timeout=300)
-        base_file = checkout / ".stack" / "pg-base"
-        if base_file.exists() and base_file.read_text().startswith("/var/tmp/outbox-cdc-"):
-            shutil.rmtree(base_file.read_text().strip(), ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)

@@ -34,7 +34,7 @@ from cdc.stream.sink import admin_config
 log = logging.getLogger("cdc.audit")
 
 Row = tuple[str, str, datetime, str | None, str | None, str | None]
-BATCH_ROWS: Final = 10_000
+BATCH_ROWS: Final = 1_000
 KAFKA_TIMEOUT: Final = 30.0  # each metadata, offsets or watermark request
 
 
@@ -47,10 +47,16 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "isolation.level": "read_committed",
-        # Memory: at most this much fetched ahead, whatever the topics hold.
-        "queued.max.messages.kbytes": 4096,
+        # Memory: at most this much fetched ahead, whatever the topics hold (measured, `make bench-audit`:
+        # the fetch responses, which stay allocated while any of their records is queued, were most of the
+        # peak at 4 MB). One fetch per broker holds at most fetch.max.bytes (librdkafka wants at least
+        # message.max.bytes, 1 MB); a larger record still comes whole (Kafka returns the first batch).
+        "queued.max.messages.kbytes": 1024,
         "queued.min.messages": 1000,
-        "fetch.max.bytes": 4 * 1024 * 1024,
+        "fetch.max.bytes": 1024 * 1024,
+        # librdkafka waits this long before fetching again once the queue is full (default 1 s): with a small
+        # queue the read would spend most of its time waiting.
+        "fetch.queue.backoff.ms": 10,
         "logger": kafka_log,
     }
 

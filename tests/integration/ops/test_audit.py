@@ -1,6 +1,7 @@
 """`cdc audit` against the real stack: a clean run has nothing missing, a record dead-lettered then replayed
-counts once, events skipped by a slot moved past them are reported by id, and every window it cannot judge is
-refused (exit 2) with the bound to move."""
+counts once, events skipped by a slot moved past them are reported by id and count as published once
+republished, an event emitted as a logical message is named as one the audit cannot check, and every window
+it cannot judge is refused (exit 2) with the bound to move."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from tests.plugins.kafka import client_config
 from tests.plugins.pipeline import SCHEMAS_DIR, Outbox, cdc, order_placed, wait_until
@@ -169,3 +173,55 @@ def test_windows_it_cannot_judge_are_refused(outbox: Outbox, pipeline_process, c
     assert pruned.returncode == 0, pruned.stderr
     code, _, err = audit(env)
     assert code == 2 and "were pruned" in err and "--since" in err, err
+
+
+def test_a_republished_copy_counts_as_published_and_a_logical_message_is_named(
+    outbox: Outbox, pipeline_process, consume
+):
+    env = outbox.env
+    topic = outbox.topic("order")
+    proc = pipeline_process()
+    proc.wait_streaming()
+    first = outbox.commit([outbox.event("o-1")])
+    assert len(consume(topic, 1)) == 1
+    acknowledged(outbox, first.created_at)
+    assert proc.terminate(30) == 0
+
+    # Lost while no pipeline ran; then an event emitted as a logical message, which leaves no row.
+    lost = outbox.commit([outbox.event("lost-a"), outbox.event("lost-b")])
+    outbox.conn.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (outbox.slot,))
+    proc = pipeline_process()
+    proc.wait_streaming()
+    emit_message = sql.Identifier(outbox.settings.table.schema, f"{outbox.table}_emit_message")
+    with psycopg.connect(outbox.dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("SELECT {}('order', 'm-1', 'OrderPlaced', %s)").format(emit_message),
+            (Jsonb(order_placed("m-1")),),
+        )
+    after = outbox.commit([outbox.event("after")])
+    assert len(consume(topic, 3)) == 3  # o-1, the message's event, after
+    acknowledged(outbox, after.created_at)
+    assert proc.terminate(30) == 0
+
+    code, body, err = audit(env)
+    assert code == 1, err
+    assert body is not None and sorted(body["missing_ids"]) == sorted(lost.ids)
+    assert body["without_row"] == 1
+    table = cdc(env, "audit", "--since", "1h")
+    assert "1 records of the window have no row" in table.stdout, table.stdout
+
+    # The lost rows republished from the table: published, not missing.
+    republished = cdc(env, "outbox", "republish", *(f"--id={i}" for i in lost.ids))
+    assert republished.returncode == 0, republished.stderr
+    code, body, err = audit(env)
+    assert code == 0, err
+    orders = body["aggregates"]["order"] if body else {}
+    assert (orders["expected"], orders["published"], orders["missing"], orders["duplicates"]) == (4, 4, 0, 0)
+
+    # A second copy of an event that was published: a duplicate, still published once.
+    again = cdc(env, "outbox", "republish", f"--id={first.ids[0]}")
+    assert again.returncode == 0, again.stderr
+    code, body, err = audit(env)
+    assert code == 0, err
+    orders = body["aggregates"]["order"] if body else {}
+    assert (orders["published"], orders["duplicates"]) == (4, 1)

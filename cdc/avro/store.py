@@ -33,6 +33,7 @@ __all__ = ["AVRO_NAME", "SCHEMA_FILE", "SchemaStore", "StoredSchema"]
 
 AVRO_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # an Avro name; an event type is one too
 SCHEMA_FILE: Final = re.compile(r"v[1-9][0-9]*\.avsc\Z")  # v<N>.avsc, N from 1, no leading zeros
+_MAX_DEPTH: Final = 254  # the deepest JSON orjson.dumps writes
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,20 @@ class SchemaStore:
             raise SchemaNotFoundError(f"schema for {what}: cannot read {path}: {exc.strerror}") from exc
         try:
             source = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:  # also a file deeper than the 1024 levels orjson reads
+            raise SchemaNotFoundError(f"schema for {what} in {path} is not valid Avro: {exc}") from exc
+        try:
+            # The text a registry gets. orjson writes at most 254 levels of arrays and objects (it reads
+            # 1024), its only refusal of what orjson.loads made: a deeper file is refused here, before the
+            # validator and fastavro recurse into it, as the SchemaNotFoundError callers handle (it was a
+            # TypeError out of get(), past check_all and by_fingerprint).
+            compact = orjson.dumps(source).decode()
+        except orjson.JSONEncodeError:
+            raise SchemaNotFoundError(
+                f"schema for {what} in {path} is nested too deeply: more than {_MAX_DEPTH} levels of JSON "
+                "arrays and objects"
+            ) from None
+        try:
             parsed = parse_schema(validate_schema(source))
             canonical = to_parsing_canonical_form(parsed)
         except InvalidSchemaError as exc:
@@ -86,7 +101,7 @@ class SchemaStore:
         ):
             raise SchemaNotFoundError(f"schema for {what} in {path} must be a record named {event_type!r}")
         fp = bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
-        stored = StoredSchema(event_type, version, path, parsed, canonical, fp, orjson.dumps(source).decode())
+        stored = StoredSchema(event_type, version, path, parsed, canonical, fp, compact)
         self._cache[(event_type, version)] = stored
         known = self._by_fingerprint.get(fp)  # equal canonical forms: the lowest (event type, version) wins
         if known is None or (event_type, version) < (known.event_type, known.version):

@@ -138,12 +138,14 @@ impl Encoder {
     }
 
     fn compiled<'py>(&self, payload: &Bound<'py, PyAny>) -> Option<Vec<u8>> {
-        if let Ok(b) = payload.downcast::<PyBytes>() {
+        // Exact types only: orjson.loads refuses a subclass of bytes or str as not JSON ("Input must be
+        // bytes, bytearray, memoryview, or str"), so such a payload is the reference's to refuse.
+        if let Ok(b) = payload.downcast_exact::<PyBytes>() {
             self.write(b.as_bytes())
-        } else if let Ok(s) = payload.downcast::<PyString>() {
+        } else if let Ok(s) = payload.downcast_exact::<PyString>() {
             self.write(s.to_str().ok()?.as_bytes()) // a lone surrogate is not UTF-8: the reference decides
         } else {
-            None // bytearray, memoryview: the reference takes those
+            None // bytearray, memoryview, subclasses, anything else: the reference takes or refuses those
         }
     }
 }

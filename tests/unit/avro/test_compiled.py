@@ -321,3 +321,66 @@ def test_the_project_schemas_are_taken_and_framed_as_the_reference_frames_them(t
 def test_a_schema_with_a_part_the_compiled_encoder_does_not_take_keeps_the_reference(field: Any) -> None:
     schema = parse_schema({"type": "record", "name": "R", "fields": [{"name": "f", "type": field}]})
     assert compiled.program(schema) is None
+
+
+class _Bytes(bytes):
+    pass
+
+
+class _Str(str):
+    __slots__ = ()
+
+
+class _ByteArray(bytearray):
+    pass
+
+
+class _Dict(dict[str, Any]):
+    pass
+
+
+class _List(list[Any]):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+_TEXT = b'{"order_id": "o", "customer_id": "c", "amount_cents": 5, "currency": "EUR", "items": []}'
+_VALUE = orjson.loads(_TEXT)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _Bytes(_TEXT),
+        _Str(_TEXT.decode()),
+        _ByteArray(_TEXT),
+        memoryview(_Bytes(_TEXT)),
+        _VALUE,
+        _Dict(_VALUE),
+        [_VALUE],
+        _List([_VALUE]),
+        5,
+        True,
+        _Int(5),
+        1.5,
+        _Float(1.5),
+        None,
+    ],
+    ids=lambda p: type(p).__name__,
+)
+def test_a_payload_the_reference_does_not_read_as_json_text_is_left_to_it(payload: Any) -> None:
+    """orjson.loads takes exactly bytes, bytearray, memoryview and str: a subclass of bytes or str is no
+    JSON to the reference (PayloadInvalidError), so the compiled encoder must not write it either; the
+    reference alone decides, and a memoryview of such bytes it reads."""
+    reference = AvroEncoder(SchemaStore(SCHEMAS), compiled=False).encoder_for("OrderPlaced", 1)
+    fast = AvroEncoder(SchemaStore(SCHEMAS)).encoder_for("OrderPlaced", 1)
+    assert fast.compiled_only(_TEXT) is not None  # type: ignore[attr-defined]  # the text itself it writes
+    assert _outcome(fast, payload) == _outcome(reference, payload)
+    assert fast.compiled_only(payload) is None  # type: ignore[attr-defined]

@@ -210,6 +210,53 @@ def test_invalid_schema_file_is_schema_not_found(tmp_path: Path, content: str, m
     assert "Bad v1" in str(info.value) and str(path) in str(info.value)
 
 
+def nested_arrays(levels: int) -> str:
+    """A schema file ``levels`` JSON arrays and objects deep (record, fields, field, then arrays of arrays),
+    written as text: json.dumps would reach Python's recursion limit first."""
+    arrays = levels - 3
+    return (
+        '{"type": "record", "name": "Deep", "fields": [{"name": "d", "type": '
+        + '{"type": "array", "items": ' * arrays
+        + '"long"'
+        + "}" * arrays
+        + "}]}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("levels", "message"),
+    [
+        (255, "is nested too deeply: more than 254 levels of JSON arrays and objects"),  # orjson writes 254
+        (600, "is nested too deeply: more than 254 levels of JSON arrays and objects"),
+        (1100, "is not valid Avro: depth limit exceeded"),  # orjson reads 1024
+    ],
+)
+def test_a_schema_nested_too_deeply_is_schema_not_found(tmp_path: Path, levels: int, message: str) -> None:
+    path = write_schema(tmp_path, "Deep", 1, nested_arrays(levels))
+    store = SchemaStore(tmp_path)
+    with pytest.raises(SchemaNotFoundError, match=message) as info:
+        store.get("Deep", 1)
+    assert "Deep v1" in str(info.value) and str(path) in str(info.value)
+    # As any bad file: `cdc run`'s start-up check names it, a lookup by fingerprint skips it.
+    assert [str(path) in str(exc) for exc in store.check_all()] == [True]
+    with pytest.raises(SchemaNotFoundError, match=r"\(1 schema files could not be loaded\)"):
+        store.by_fingerprint(b"\x00" * 8)
+
+
+def test_the_deepest_schema_the_store_takes_is_encoded(tmp_path: Path) -> None:
+    """254 levels: the validator, fastavro, the generated encoder and the compiled one all recurse this deep
+    without reaching Python's recursion limit."""
+    write_schema(tmp_path, "Deep", 1, nested_arrays(254))
+    store = SchemaStore(tmp_path)
+    value: Any = 7
+    for _ in range(254 - 3):
+        value = [value]
+    payload, stored = orjson.dumps({"d": value}), store.get("Deep", 1)
+    expected = MAGIC + stored.fingerprint + fastavro_body(stored.parsed, {"d": value})
+    for compiled in (False, True):
+        assert AvroEncoder(store, compiled=compiled).encoder_for("Deep", 1)(payload) == expected
+
+
 def test_null_does_not_mean_left_out(tmp_path: Path) -> None:
     write_schema(tmp_path, "D", 1, record("D", ("s", "string"), s="x"))
     encoder = AvroEncoder(SchemaStore(tmp_path))

@@ -145,3 +145,15 @@ def test_generated_inserts_read_as_python_reads_them(seed: int) -> None:
             valid += plain
             taken += took and plain
     assert valid > 1000 and taken == valid, f"the compiled reader took {taken} of {valid} plain rows"
+
+
+class _Bytes(bytes):
+    pass
+
+
+def test_a_message_of_a_bytes_subclass_reads_as_python_reads_it() -> None:
+    """The reader takes any bytes (a subclass too), as the Python path does: both return plain bytes."""
+    router = _router(FIELDS, 77)
+    values = [b"id1", b"Order", b"o-1", b"OrderPlaced", b"2", b'{"x": 1}', b'{"h": "v"}']
+    data = _insert(77, [("t", v) for v in values])
+    assert _check(router, _Bytes(data)) and _check(router, data)

@@ -44,7 +44,15 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
-from cdc.consumer import Event, EventDeserializer, Handler, IdempotentConsumer, PermanentError, RetryPolicy
+from cdc.consumer import (
+    BatchHandler,
+    Event,
+    EventDeserializer,
+    Handler,
+    IdempotentConsumer,
+    PermanentError,
+    RetryPolicy,
+)
 from cdc.consumer.processed import apply_setup, parse_table
 from cdc.errors import CdcError
 from cdc.logs import configure_logging
@@ -87,6 +95,31 @@ def invoice_handler(table: str = "invoices") -> Handler:
     return create_invoice
 
 
+def invoice_batch_handler(table: str = "invoices") -> BatchHandler:
+    """The same effect for a batch's new events at once: one executemany (which psycopg pipelines)."""
+    insert = sql.SQL(
+        "INSERT INTO {} (order_id, customer_id, amount_cents, currency) VALUES (%s, %s, %s, %s)"
+    ).format(sql.Identifier(table))
+
+    def create_invoices(conn: psycopg.Connection[Any], events: list[Event]) -> None:
+        rows = []
+        for event in events:
+            if event.event_type != "OrderPlaced":
+                continue
+            order = event.payload
+            if order["amount_cents"] <= 0:
+                # The whole batch rolls back; the consumer finds this event and dead-letters it alone.
+                raise PermanentError(
+                    "an order with a total of zero or less cannot be invoiced", reason="no_total"
+                )
+            rows.append((order["order_id"], order["customer_id"], order["amount_cents"], order["currency"]))
+        with conn.cursor() as cur:
+            cur.executemany(insert, rows)
+        log.info("invoiced %d orders", len(rows))
+
+    return create_invoices
+
+
 # The connection's security settings: librdkafka key of each CDC_KAFKA_<KEY> / INVOICE_KAFKA_<KEY>.
 SECURITY_KEYS = ("security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location")
 
@@ -114,7 +147,9 @@ def ensure_dlq_topic(bootstrap: str, topic: str) -> None:
                 raise
 
 
-def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
+def main(
+    argv: list[str] | None = None, handler: Handler | None = None, batch_handler: BatchHandler | None = None
+) -> int:
     parser = argparse.ArgumentParser(description="One invoice per OrderPlaced, exactly once.")
     parser.add_argument("--topic", action="append", help="repeatable; default outbox.event.order")
     parser.add_argument("--name", default="invoice-service", help="consumer name (and default group id)")
@@ -139,6 +174,9 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
     parser.add_argument("--retry-attempts", type=int, default=5, help="attempts per record on RetryableError")
     parser.add_argument("--on-retries-exhausted", choices=["stop", "dead_letter"], default="stop")
     parser.add_argument(
+        "--batch", action="store_true", help="a batch handler: each batch's invoices in one executemany"
+    )
+    parser.add_argument(
         "-X", dest="kafka", action="append", default=[], metavar="KEY=VALUE", help="librdkafka setting"
     )
     args = parser.parse_args(argv)
@@ -146,7 +184,7 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
     database_url = args.database_url or os.environ.get("CDC_DATABASE_URL")
     if not database_url or not args.bootstrap_servers:
         parser.error("set INVOICE_DATABASE_URL (or CDC_DATABASE_URL) and CDC_KAFKA_BOOTSTRAP_SERVERS")
-    processed = parse_table(args.processed_table)
+    processed, table = parse_table(args.processed_table), args.invoices_table
     kafka_config = {**security_config(), **dict(item.split("=", 1) for item in args.kafka)}
     dlq_topic = args.dlq_topic or f"{args.name}.dlq"
     try:
@@ -161,7 +199,8 @@ def main(argv: list[str] | None = None, handler: Handler | None = None) -> int:
             name=args.name,
             group_id=args.group,
             topics=args.topic or ["outbox.event.order"],
-            handler=handler or invoice_handler(args.invoices_table),
+            handler=None if args.batch else handler or invoice_handler(table),
+            batch_handler=(batch_handler or invoice_batch_handler(table)) if args.batch else None,
             database_url=database_url,
             bootstrap_servers=args.bootstrap_servers,
             deserializer=EventDeserializer(

@@ -14,11 +14,12 @@ from __future__ import annotations
 from cdc.avro.deserialize import Event, EventDeserializer, KafkaMessage
 from cdc.consumer.failures import RetryPolicy, classify, dead_letter_headers
 from cdc.consumer.idempotent import IdempotentConsumer
-from cdc.consumer.records import Handler
+from cdc.consumer.records import BatchHandler, Handler
 from cdc.consumer.session import consumer_config
 from cdc.errors import PermanentError, RetriesExhaustedError, RetryableError
 
 __all__ = [
+    "BatchHandler",
     "Event",
     "EventDeserializer",
     "Handler",

@@ -10,6 +10,16 @@ any other failure rolls the batch back and runs it again without the pipeline, w
 the handler that raised it: a record is never blamed, and dead-lettered, for another's failure. That costs
 one more handler call for the records of such a batch, which at-least-once handlers allow anyway. A handler
 that uses what the pipeline cannot carry (COPY) turns the pipeline off for the consumer's lifetime.
+
+The guard statement of a batch's first attempt is sent with the ids of the records' ``id`` headers before
+the records are decoded, so that PostgreSQL writes the guard rows while this process decodes (the two took
+about as long, one after the other). A record that cannot be decoded rolls that transaction back, and so
+does an event whose id is not its header's (a deserializer of the service's own; the consumer then decodes
+first from then on): the batch is then done as before, decoded first.
+
+A batch handler (``batch_handler=``) is called once per batch with its new events, outside the pipeline
+(executemany pipelines itself; COPY cannot be pipelined). Its exception does not say which event failed: the
+batch is halved until the failing event is alone, then that event ends the batch like a handler's would.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from typing import Any, Final
 import psycopg
 
 from cdc.avro.deserialize import Event
-from cdc.consumer.processed import mark_many
+from cdc.consumer.processed import mark_many, send_mark_many
 from cdc.consumer.records import Records
 
 log = logging.getLogger("cdc.consumer")
@@ -35,6 +45,15 @@ class _BatchEnded(Exception):
 
     def __init__(self, index: int, error: BaseException) -> None:
         self.index, self.error = index, error
+
+
+class _Undecodable(Exception):
+    """Internal: a record could not be decoded while its batch's guard rows were being written early."""
+
+
+class _Halve(Exception):
+    """Internal: the batch handler raised for a batch of several new events; which one is to blame is not
+    known."""
 
 
 class Batches(Records):
@@ -51,7 +70,9 @@ class Batches(Records):
             if done:
                 self._commit(*records[i : i + done])
             i += done
-            if i < len(records) and not self._stop.is_set():
+            # The record after a committed prefix takes the per-record path when it failed, or when it
+            # could not join a batch (undecodable); after a halved batch the rest is a batch again.
+            if i < len(records) and not self._stop.is_set() and (failed is not None or not done):
                 event, error = failed or (None, None)
                 self._process(records[i], event, error)
                 i += 1
@@ -70,25 +91,37 @@ class Batches(Records):
     def _apply_batch(self, records: list[Any]) -> tuple[int, tuple[Event, BaseException] | None]:
         """``(records committed, (event, error) of the record that ended the batch, if any)``: one
         transaction with every guard row in one statement, then the handler for each new event. A handler
-        that raises rolls the whole transaction back; it is done again without that record and those after."""
-        events: list[Event] = []
-        for message in records:
-            try:
-                event = self.deserializer(message)
-            except Exception:  # undecodable, or the registry is down: the per-record path decides
-                break
-            if not event.id:
-                break
-            events.append(event)
+        that raises rolls the whole transaction back; it is done again without that record and those after.
+
+        The first attempt sends the guard statement with the ids of the records' ``id`` headers before it
+        decodes them, so that PostgreSQL writes the guard rows while this process decodes (_early_guard)."""
+        ids = _header_ids(records) if self._early_guard and len(records) > 1 else None
+        events: list[Event] = [] if ids is not None else self._decoded(records)
         failed: tuple[Event, BaseException] | None = None
-        pipelined = self._pipelined and len(events) > 1
-        while events:
+        pipelined = self._pipelined and len(records) > 1 and self.batch_handler is None
+        while events or ids is not None:
+            early, ids = (None if ids is None else (records, ids)), None
             try:
-                handled = self._transaction(events, pipelined=pipelined)
+                handled = self._transaction(events, pipelined=pipelined, early=early)
+            except _Undecodable:  # rolled back: decoded first, as without the early guard
+                events = self._decoded(records)
+                continue
             except _BatchEnded as ended:
                 failed, events = (events[ended.index], ended.error), events[: ended.index]
                 continue
+            except _Halve as halve:
+                log.info(
+                    "consumer %s: the batch handler raised %s for %d events; the first half is done again",
+                    self.name,
+                    type(halve.__cause__).__name__,
+                    len(events),
+                )
+                events = events[: len(events) // 2]
+                continue
             except Exception as exc:
+                if not events:  # the early guard failed before a record was decoded: again, decoded first
+                    events = self._decoded(records)
+                    continue
                 if pipelined:  # which record failed is not known: done again without the pipeline
                     pipelined = False
                     self._unpipelined(len(events), exc)
@@ -98,13 +131,39 @@ class Batches(Records):
             return len(events), failed
         return 0, failed
 
-    def _transaction(self, events: list[Event], *, pipelined: bool) -> set[str]:
+    def _decoded(self, records: list[Any]) -> list[Event]:
+        """The events of the records up to the first that cannot be decoded or has no id (the per-record
+        path decides about that one: undecodable, or the registry is down)."""
+        events: list[Event] = []
+        for message in records:
+            try:
+                event = self.deserializer(message)
+            except Exception:
+                break
+            if not event.id:
+                break
+            events.append(event)
+        return events
+
+    def _transaction(
+        self,
+        events: list[Event],
+        *,
+        pipelined: bool,
+        early: tuple[list[Any], list[str]] | None = None,
+    ) -> set[str]:
         """The guard rows of ``events`` and the handlers of the new ones, in one transaction: the ids
         handled. Raises _BatchEnded for the handler that raised when that handler is known to be the one
-        that failed; in pipeline mode it may not be, and the error is raised as it is."""
+        that failed; in pipeline mode it may not be, and the error is raised as it is. With ``early``
+        (records, their header ids), ``events`` is empty and filled here, decoded while the guard runs."""
         assert self._conn is not None, "run() opens the connection"
         with self._conn.transaction():
-            new = mark_many(self._conn, self.table, [e.id for e in events], self.name)
+            if early is not None:
+                new = self._guard_while_decoding(*early, events)
+            else:
+                new = mark_many(self._conn, self.table, [e.id for e in events], self.name)
+            if self.batch_handler is not None:
+                return self._batch_effects(events, new)
             handled: set[str] = set()
             with self._conn.pipeline() if pipelined else contextlib.nullcontext() as pipeline:
                 for index, event in enumerate(events):
@@ -116,6 +175,44 @@ class Batches(Records):
                                 raise
                             raise _BatchEnded(index, exc) from exc
                         handled.add(event.id)
+        return handled
+
+    def _guard_while_decoding(self, records: list[Any], ids: list[str], events: list[Event]) -> set[str]:
+        """Send the guard statement for ``ids``, decode ``records`` into ``events`` while PostgreSQL runs
+        it, then read which ids are new. _Undecodable when a record cannot be decoded or its event's id is
+        not its header's (a deserializer of the service's own: then never again)."""
+        assert self._conn is not None
+        with self._conn.pipeline():
+            sent = send_mark_many(self._conn, self.table, ids, self.name)
+            for message, expected in zip(records, ids, strict=True):
+                try:
+                    event = self.deserializer(message)
+                except Exception:
+                    raise _Undecodable() from None
+                if event.id != expected:
+                    self._early_guard = False
+                    raise _Undecodable()
+                events.append(event)
+            return {row[0] for row in sent.fetchall()}
+
+    def _batch_effects(self, events: list[Event], new: set[str]) -> set[str]:
+        """The batch handler, once, for the new events (each id once, in the order read): the ids handled.
+        When it raises, the event to blame is known only when there was one new event (_BatchEnded);
+        otherwise _Halve: the batch is done again in halves until the failing event is alone."""
+        assert self._conn is not None and self.batch_handler is not None
+        fresh: list[Event] = []
+        handled: set[str] = set()
+        for event in events:
+            if event.id in new and event.id not in handled:
+                fresh.append(event)
+                handled.add(event.id)
+        if fresh:
+            try:
+                self.batch_handler(self._conn, fresh)
+            except Exception as exc:
+                if len(fresh) == 1:
+                    raise _BatchEnded(events.index(fresh[0]), exc) from exc
+                raise _Halve() from exc
         return handled
 
     def _own_error(self, pipeline: psycopg.Pipeline, exc: Exception) -> bool:
@@ -151,3 +248,18 @@ class Batches(Records):
         for event in events:  # an id twice in one batch: the second is a duplicate
             self._count(event, event.id in handled and event.id not in counted)
             counted.add(event.id)
+
+
+def _header_ids(records: list[Any]) -> list[str] | None:
+    """The first ``id`` header of each record, as EventDeserializer reads it; None when one has none."""
+    ids: list[str] = []
+    for message in records:
+        for key, value in message.headers() or ():
+            if key == "id":
+                if not value:
+                    return None
+                ids.append(value.decode("utf-8", "replace"))
+                break
+        else:
+            return None
+    return ids

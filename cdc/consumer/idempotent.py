@@ -30,6 +30,14 @@ and committed, and it then takes the per-record path below with the error it rai
                        database_url=dsn, bootstrap_servers="kafka:9092",
                        deserializer=EventDeserializer("schemas", reader_versions={"OrderPlaced": 1})).serve()
 
+A handler that can write many events at once takes ``batch_handler=`` instead of ``handler=``:
+``batch_handler(conn, events)`` gets the new events of a batch (each id once, in the order read) in the
+same transaction as their guard rows, to write them with one ``executemany`` or ``COPY``. When it raises,
+which event is to blame is not known: the batch is rolled back and done again in halves until the failing
+event is alone (the halves that succeed commit), and that event then takes the per-record path below as a
+batch of one, with the error it raised. So a batch handler may be called again with part of a batch it
+raised for, and an error that does not come back (a crash-class bug that only happens once) is not raised.
+
 ``cdc consumer setup`` creates ``processed_events``, ``cdc consumer prune`` trims it
 (:mod:`cdc.consumer.processed`).
 
@@ -60,7 +68,7 @@ from cdc.consumer.failures import (
     RetryPolicy,
 )
 from cdc.consumer.processed import DEFAULT_TABLE
-from cdc.consumer.records import Handler
+from cdc.consumer.records import BatchHandler, Handler
 from cdc.consumer.session import Session, consumer_config
 from cdc.errors import (
     ConfigError,
@@ -78,7 +86,8 @@ class IdempotentConsumer(Session):
         *,
         name: str,
         topics: Sequence[str],
-        handler: Handler,
+        handler: Handler | None = None,
+        batch_handler: BatchHandler | None = None,
         database_url: str,
         bootstrap_servers: str,
         deserializer: Callable[[KafkaMessage], Event] | None = None,
@@ -96,7 +105,21 @@ class IdempotentConsumer(Session):
     ) -> None:
         if not name or not topics:
             raise ConfigError("an IdempotentConsumer needs a name and at least one topic", key="consumer")
-        self.name, self.topics, self.handler = name, list(topics), handler
+        if (handler is None) == (batch_handler is None):
+            raise ConfigError(
+                "an IdempotentConsumer takes a handler (one event per call) or a batch_handler (the new "
+                "events of a batch per call): give exactly one",
+                key="handler",
+            )
+        self.name, self.topics = name, list(topics)
+        self.batch_handler = batch_handler
+        if handler is None:
+            assert batch_handler is not None
+
+            def handler(conn: psycopg.Connection[Any], event: Event) -> None:
+                batch_handler(conn, [event])  # the per-record path: a batch of one
+
+        self.handler = handler
         self.deserializer = deserializer or EventDeserializer()
         self.dlq_topic = dlq_topic or f"{name}.dlq"
         self.retry = retry or RetryPolicy()
@@ -107,6 +130,7 @@ class IdempotentConsumer(Session):
         self.batch_size = batch_size
         self._per_record = 0.0  # seconds per record, a moving average: sizes the next batch
         self._pipelined = pipeline  # a batch's handlers in psycopg's pipeline mode (cdc.consumer.batches)
+        self._early_guard = True  # guard rows sent before the batch is decoded (cdc.consumer.batches)
         self._database_url = database_url
         self._conf = consumer_config(bootstrap_servers, group_id or name, kafka_config)
         poll_interval = float(self._conf.get("max.poll.interval.ms", 300_000)) / 1000

@@ -38,7 +38,16 @@ from cdc.config import TableRef
 from cdc.errors import ConfigError
 from cdc.pg import DELETE_LOCKED, connect
 
-__all__ = ["DEFAULT_TABLE", "apply_setup", "mark_processed", "parse_table", "prune", "setup_statements"]
+__all__ = [
+    "DEFAULT_TABLE",
+    "apply_setup",
+    "mark_many",
+    "mark_processed",
+    "parse_table",
+    "prune",
+    "send_mark_many",
+    "setup_statements",
+]
 
 log = logging.getLogger("cdc.processed")
 
@@ -115,14 +124,21 @@ def mark_many(
     conn: psycopg.Connection[Any], table: TableRef, event_ids: list[str], consumer: str
 ) -> set[str]:
     """:func:`mark_processed` for a batch in one statement: the ids whose guard row is new."""
-    rows = conn.execute(
+    return {row[0] for row in send_mark_many(conn, table, event_ids, consumer).fetchall()}
+
+
+def send_mark_many(
+    conn: psycopg.Connection[Any], table: TableRef, event_ids: list[str], consumer: str
+) -> psycopg.Cursor[Any]:
+    """:func:`mark_many`'s statement, its result not read yet: in pipeline mode, the caller works while
+    PostgreSQL runs it, then fetches the new ids from the cursor."""
+    return conn.execute(
         sql.SQL(
             "INSERT INTO {} (event_id, consumer, processed_at)"
             " SELECT id, %s, now() FROM unnest(%s::text[]) AS id ON CONFLICT DO NOTHING RETURNING event_id"
         ).format(_ident(table)),
         (consumer, event_ids),
-    ).fetchall()
-    return {row[0] for row in rows}
+    )
 
 
 def prune(

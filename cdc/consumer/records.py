@@ -39,6 +39,8 @@ log = logging.getLogger("cdc.consumer")
 _TOO_LARGE: Final = (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
 
 Handler = Callable[[psycopg.Connection[Any], Event], None]
+# The new events of a batch, in the order read, each once: one executemany or COPY for all of them.
+BatchHandler = Callable[[psycopg.Connection[Any], list[Event]], None]
 
 
 class Records:
@@ -48,6 +50,7 @@ class Records:
     _conn: psycopg.Connection[Any] | None
     _consumer: Any
     _database_url: str
+    _early_guard: bool
     _hard_deadline: bool
     _pending: dict[tuple[str, int], int]
     _per_record: float
@@ -56,6 +59,7 @@ class Records:
     _producer_conf: dict[str, Any]
     _stop: threading.Event
     _watchdog: threading.Timer | None
+    batch_handler: BatchHandler | None
     batch_size: int
     counts: dict[str, int]
     deserializer: Callable[[KafkaMessage], Event]

@@ -7,6 +7,9 @@ them) are produced to a fresh topic; then, side by side on the same records,
 2. IdempotentConsumer with a handler that inserts one invoice row (guard rows and effects in batched
    transactions, each followed by a synchronous offset commit), its handlers in psycopg's pipeline mode,
 3. the same without the pipeline (a round trip per handler statement),
+4. IdempotentConsumer with a batch handler that inserts the batch's new events' invoice rows with one
+   ``executemany`` (the guard rows and the effects still in one transaction per batch),
+5. the same batch handler writing them with ``COPY``,
 
 each timed from its first record to its last. Prints events/s and the ratio; cleans up its topic and tables.
 """
@@ -77,9 +80,23 @@ def plain(bootstrap: str, topic: str, n: int) -> float:
         consumer.close()
 
 
-def idempotent(bootstrap: str, dsn: str, topic: str, n: int, schema: str, *, pipeline: bool) -> float:
+def idempotent(
+    bootstrap: str,
+    dsn: str,
+    topic: str,
+    n: int,
+    schema: str,
+    *,
+    pipeline: bool,
+    batch: str | None = None,
+) -> float:
+    """Seconds from the first handler call to the last event processed; ``batch``: None (one event per
+    handler call), "executemany" or "copy" (a batch handler writing that way)."""
     marks: list[float] = []
     insert = sql.SQL("INSERT INTO {} (order_id, amount_cents) VALUES (%s, %s)").format(
+        sql.Identifier(schema, "invoices")
+    )
+    copy_in = sql.SQL("COPY {} (order_id, amount_cents) FROM STDIN").format(
         sql.Identifier(schema, "invoices")
     )
 
@@ -88,10 +105,22 @@ def idempotent(bootstrap: str, dsn: str, topic: str, n: int, schema: str, *, pip
             marks.append(time.perf_counter())
         conn.execute(insert, (event.payload["order_id"], event.payload["amount_cents"]))
 
+    def batch_handler(conn: psycopg.Connection[Any], events: list[Event]) -> None:
+        if not marks:
+            marks.append(time.perf_counter())
+        if batch == "copy":
+            with conn.cursor() as cur, cur.copy(copy_in) as copy:
+                for e in events:
+                    copy.write_row((e.payload["order_id"], e.payload["amount_cents"]))
+            return
+        with conn.cursor() as cur:
+            cur.executemany(insert, [(e.payload["order_id"], e.payload["amount_cents"]) for e in events])
+
     consumer = IdempotentConsumer(
-        name=f"bench-{topic}-{'pipeline' if pipeline else 'plain'}",
+        name=f"bench-{topic}-{batch or ('pipeline' if pipeline else 'plain')}",
         topics=[topic],
-        handler=handler,
+        handler=None if batch else handler,
+        batch_handler=batch_handler if batch else None,
         database_url=dsn,
         bootstrap_servers=bootstrap,
         deserializer=EventDeserializer(SCHEMAS, reader_versions={"OrderPlaced": 1}),
@@ -139,6 +168,8 @@ def main() -> None:
         base = plain(bootstrap, topic, args.events)
         guarded = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=True)
         unpiped = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=False)
+        many = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=False, batch="executemany")
+        copied = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=False, batch="copy")
         print(f"events        {args.events:,} (3 partitions, single-object Avro, ~310 B payloads)")
         print(f"plain decode  {args.events / base:,.0f} events/s")
         print(
@@ -146,7 +177,13 @@ def main() -> None:
             "(guard rows and effects in batched transactions, then an offset commit each)"
         )
         print(f"  no pipeline {args.events / unpiped:,.0f} events/s (a round trip per handler statement)")
+        print(
+            f"batch handler {args.events / many:,.0f} events/s "
+            "(the batch's new events in one executemany; guard rows and effects in one transaction)"
+        )
+        print(f"  with COPY   {args.events / copied:,.0f} events/s (the batch's new events in one COPY)")
         print(f"ratio         {base / guarded:.2f} (idempotent / plain decode)")
+        print(f"batch ratios  {base / many:.2f} executemany, {base / copied:.2f} COPY (of plain decode)")
     finally:
         for future in admin.delete_topics([topic, dlq]).values():
             future.result(30)

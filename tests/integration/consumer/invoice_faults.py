@@ -8,17 +8,25 @@ effect and the commit:
 - `raise-`: the first time, a RuntimeError: the consumer rolls back and the process exits 1
 - `flaky-`: RetryableError on attempts 1 and 2, success on the 3rd
 - `down-`:  RetryableError on every attempt
+- `bug-`:   a RuntimeError every time
 - `slow-`:  logs "slow handler started" and sleeps FAULT_SLOW seconds before finishing
 - `divzero-`: the first time, runs `SELECT 1/0` (a database error that does not come back, like a
   serialization failure); `fetch-`: runs `SELECT 1` and fetches its row. Both turn a DivisionByZero into a
   PermanentError (a handler that maps a database error to a dead letter). In pipeline mode the division's
   error reaches the next fetch, i.e. a later record's handler
 
+With `--batch` the service's batch handler writes a batch's invoices first, then the faults of its events
+are injected in order.
+
+FAULT_OWN_IDS=1 makes the deserializer give each event the id `own-<its id header>`, as a service's own
+deserializer may (the consumer must then guard by the events' ids, not the headers').
+
 FAULT_DELAY_MS slows every event (rebalances then happen mid-stream). INVOICE_NO_GUARD=1 replaces the
 processed_events guard with one that always says "new", to show that the tests fail without it."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -38,8 +46,8 @@ log = logging.getLogger("invoice_faults")
 attempts: Counter[str] = Counter()
 
 
-def faulty(table: str) -> Any:
-    create_invoice = invoice_service.invoice_handler(table)
+def faults() -> Any:
+    """``inject(conn, event)``: the fault the event's order id asks for, after its invoice is written."""
     fault_dir = Path(os.environ.get("FAULT_DIR", "/tmp"))
     delay = float(os.environ.get("FAULT_DELAY_MS", "0")) / 1000
 
@@ -50,8 +58,7 @@ def faulty(table: str) -> Any:
         marker.touch()
         return True
 
-    def handler(conn: psycopg.Connection[Any], event: Event) -> None:
-        create_invoice(conn, event)
+    def inject(conn: psycopg.Connection[Any], event: Event) -> None:
         order_id = str(event.payload.get("order_id", ""))
         attempts[event.id] += 1
         if delay:
@@ -62,6 +69,8 @@ def faulty(table: str) -> Any:
             os._exit(7)
         if order_id.startswith("raise-") and first_time(event):
             raise RuntimeError(f"injected crash after the invoice of {order_id}")
+        if order_id.startswith("bug-"):
+            raise RuntimeError(f"injected bug in the handler of {order_id}")
         if order_id.startswith("down-"):
             raise RetryableError(f"injected outage, attempt {attempts[event.id]}")
         if order_id.startswith("flaky-") and attempts[event.id] < 3:
@@ -79,7 +88,28 @@ def faulty(table: str) -> Any:
             time.sleep(float(os.environ.get("FAULT_SLOW", "3")))
             log.info("slow handler finished for %s", order_id)
 
+    return inject
+
+
+def faulty(table: str) -> Any:
+    create_invoice, inject = invoice_service.invoice_handler(table), faults()
+
+    def handler(conn: psycopg.Connection[Any], event: Event) -> None:
+        create_invoice(conn, event)
+        inject(conn, event)
+
     return handler
+
+
+def faulty_batch(table: str) -> Any:
+    create_invoices, inject = invoice_service.invoice_batch_handler(table), faults()
+
+    def batch_handler(conn: psycopg.Connection[Any], events: list[Event]) -> None:
+        create_invoices(conn, events)
+        for event in events:
+            inject(conn, event)
+
+    return batch_handler
 
 
 def main(argv: list[str]) -> int:
@@ -95,7 +125,15 @@ def main(argv: list[str]) -> int:
         # Every record on the per-record path, whose guard is the one replaced above (a batch also skips
         # an id it has seen in the same batch, which would hide the missing guard).
         cdc.consumer.IdempotentConsumer._apply_batch = lambda self, records: (0, None)  # type: ignore[method-assign]
-    return invoice_service.main(argv, handler=faulty(table))
+    if os.environ.get("FAULT_OWN_IDS") == "1":
+        read = cdc.consumer.EventDeserializer.__call__
+
+        def own_ids(self: cdc.consumer.EventDeserializer, message: Any) -> Event:
+            event = read(self, message)
+            return dataclasses.replace(event, id=f"own-{event.id}")
+
+        cdc.consumer.EventDeserializer.__call__ = own_ids  # type: ignore[method-assign]
+    return invoice_service.main(argv, handler=faulty(table), batch_handler=faulty_batch(table))
 
 
 if __name__ == "__main__":

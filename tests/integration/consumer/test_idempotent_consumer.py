@@ -565,6 +565,72 @@ def test_a_database_error_in_a_pipelined_batch_is_not_blamed_on_another_record(r
     assert service.terminate(30) == 0
 
 
+def test_a_batch_handler_invoices_a_batch_at_once_and_the_event_it_refuses_is_found_alone(rig, consume):
+    """`--batch`: the example's batch handler invoices a batch's new events with one executemany. An order
+    it refuses (PermanentError) rolls the whole batch back; the consumer halves the batch until that event
+    is alone, dead-letters it, and invoices every other order once, redeliveries included, in few
+    transactions."""
+    orders = [Order(f"o-{i:03d}", key="k") for i in range(200)]  # one key: one partition, in this order
+    zero = Order("o-zero", key="k", amount_cents=0)
+    stream = orders[:110] + [zero] + orders[110:150] + [orders[5], orders[120]] + orders[150:]
+    rig.produce(stream)
+    service = rig.start(EXAMPLE, "--batch")
+    rig.wait_committed(len(stream))
+    assert rig.invoices_per_order() == {o.order_id: 1 for o in orders}
+    assert [r.headers["id"].decode() for r in consume(rig.dlq, 1)] == [zero.event_id]
+    assert sorted(rig.processed_ids()) == sorted(o.event_id for o in orders), "the dead letter not marked"
+    with psycopg.connect(rig.dsn) as conn:
+        (transactions,) = conn.execute(
+            sql.SQL("SELECT count(DISTINCT processed_at) FROM {} WHERE consumer = %s").format(
+                sql.Identifier(rig.processed)
+            ),
+            (rig.name,),
+        ).fetchone()
+    assert transactions * 5 < len(orders), f"{len(orders)} events in {transactions} transactions"
+    log = service.log()
+    assert "the batch handler raised PermanentError" in log, "the refused order was not in a batch"
+    assert log.count("was processed before") >= 2
+    assert service.terminate(30) == 0
+
+
+def test_a_batch_handler_that_raises_a_bug_stops_at_its_event_with_the_events_before_it_committed(rig):
+    orders = [Order(f"o-{i:03d}", key="k") for i in range(150)]
+    bug = Order("bug-1", key="k")
+    stream = orders[:100] + [bug] + orders[100:]
+    rig.produce(stream)
+    service = rig.start(FAULTS, "--batch")
+    assert service.wait(60) == 1, "a handler's bug stops the consumer"
+    assert rig.committed() == stream.index(bug), "everything before the failing event was committed"
+    assert rig.invoices_per_order() == {o.order_id: 1 for o in orders[:100]}
+    assert "injected bug in the handler of bug-1" in service.log()
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["handler", "batch_handler"])
+def test_guard_rows_written_while_a_batch_is_decoded_are_the_events_ids(rig, consume, batch):
+    """The guard statement is sent with the records' id headers before the batch is decoded. An undecodable
+    record in the batch rolls those guard rows back (it is dead-lettered, never marked processed); a
+    deserializer whose event ids are not the headers' makes the consumer guard by the events' ids."""
+    orders = [Order(f"o-{i:03d}", key="k") for i in range(300)]  # one key: one partition, in this order
+    garbage = Order("o-garbage", key="k", value=b"\x00\x00not avro at all")
+    rig.produce(orders[:200] + [garbage] + orders[200:])
+    service = rig.start(FAULTS, *(["--batch"] if batch else []))
+    rig.wait_committed(len(orders) + 1)
+    assert rig.invoices_per_order() == {o.order_id: 1 for o in orders}
+    assert sorted(rig.processed_ids()) == sorted(o.event_id for o in orders), "the dead letter was marked"
+    assert [r.headers["id"].decode() for r in consume(rig.dlq, 1)] == [garbage.event_id]
+    assert service.terminate(30) == 0
+
+    more = [Order(f"p-{i:03d}", key="k") for i in range(300)]
+    rig.produce(more)
+    service = rig.start(FAULTS, *(["--batch"] if batch else []), FAULT_OWN_IDS="1")
+    rig.wait_committed(len(orders) + 1 + len(more))
+    assert sorted(rig.processed_ids()) == sorted(
+        [o.event_id for o in orders] + [f"own-{o.event_id}" for o in more]
+    )
+    assert rig.invoices_per_order() == {o.order_id: 1 for o in [*orders, *more]}
+    assert service.terminate(30) == 0
+
+
 def test_values_the_registry_cannot_explain_go_to_the_dead_letter_topic(rig, consume, schema_registry_url):
     """Confluent-framed values that cannot be read: one shorter than its 5-byte header, one whose schema id
     is a JSON schema in the registry. Both are undecodable records: dead-lettered, and the partition goes on

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from click.testing import CliRunner
 
@@ -67,6 +69,17 @@ def test_retries_must_fit_well_inside_max_poll_interval():
 def test_a_consumer_needs_a_name_and_topics():
     with pytest.raises(ConfigError):
         make(topics=[])
+
+
+def test_a_consumer_takes_a_handler_or_a_batch_handler_and_a_batch_handler_alone_serves_one_event():
+    for both_or_neither in ({"batch_handler": lambda conn, events: None}, {"handler": None}):
+        with pytest.raises(ConfigError) as refused:
+            make(**both_or_neither)
+        assert refused.value.key == "handler"
+    seen: list[list[str]] = []
+    consumer = make(handler=None, batch_handler=lambda conn, events: seen.append([e.id for e in events]))
+    consumer.handler(None, SimpleNamespace(id="e-1"))  # the per-record path: a batch of one
+    assert seen == [["e-1"]]
 
 
 def test_processed_events_is_keyed_by_event_and_consumer_with_an_index_for_pruning():

@@ -89,6 +89,9 @@ _OWNED = {
 # default would abort it, and every replay of it, under load. The broker's transaction.max.timeout.ms (15
 # minutes by default) must not be lower.
 TRANSACTION_TIMEOUT_MS = 300_000
+# Exactly-once: how old a Kafka transaction may grow while the pipeline drains a backlog (its records are late
+# by the backlog anyway, and every commit pauses the reading), when transaction_max_seconds is shorter.
+DRAIN_TRANSACTION_SECONDS = 1.0
 
 _MIN_SECONDS = {
     "delivery_timeout": 1.0,
@@ -206,6 +209,9 @@ class Settings:
     backoff_multiplier: float = 2.0
     backoff_max: float = 30.0
     max_in_flight: int = 100_000
+    # ... and at most this many MiB of them (librdkafka's queue.buffering.max.kbytes): the producer queue is
+    # most of the pipeline's memory when Kafka lags, and reading pauses while it is full.
+    max_in_flight_mb: int = 32
     heartbeat_interval: float = 30.0
     on_invalid_event: str = "dlq"
     # The poison-flood brake: this many dead letters within dead_letter_window seconds stop `cdc run` (exit 1)
@@ -218,7 +224,7 @@ class Settings:
     transactional_id: str | None = None  # None: derived from the database and the slot
     checkpoint_topic: str = "outbox.cdc.checkpoints"
     transaction_max_events: int = 20_000
-    transaction_max_seconds: float = 0.25
+    transaction_max_seconds: float = 0.1
     log_level: str = "INFO"
     log_format: str = "text"
     fast_path: str = "auto"  # the compiled hot path: when built, "off" or "required" (cdc.fastpath)

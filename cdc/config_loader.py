@@ -28,6 +28,7 @@ from cdc.config import (
     _OPTIONAL_COLUMNS,
     _PLACEHOLDERS,
     _TOPIC,
+    DRAIN_TRANSACTION_SECONDS,
     PRESETS,
     REDACTED,
     TRANSACTION_TIMEOUT_MS,
@@ -317,6 +318,16 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
         raise _fail("topic_template", where("topic_template"), "a Kafka topic name pattern", s.topic_template)
     if s.delivery == "exactly-once":
         _check_transaction_timeout(s)
+    largest = str(s.kafka.extra.get("message.max.bytes", 1_000_000))
+    if largest.isdigit() and s.max_in_flight_mb * 2**20 < int(largest):
+        # librdkafka refuses a record larger than its whole queue as "queue full", forever.
+        raise _fail(
+            "max_in_flight_mb",
+            where("max_in_flight_mb"),
+            f"at least kafka.message.max.bytes ({int(largest)} bytes), since a record larger than the "
+            "producer's queue could never be queued",
+            s.max_in_flight_mb,
+        )
     if s.status_interval >= s.source_silence_timeout:
         # The server hears from a live pipeline every status_interval; a start that finds the slot held by a
         # walsender silent for source_silence_timeout ends it as a dead pipeline's (cdc.stream.preflight).
@@ -344,14 +355,15 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
 
 def _check_transaction_timeout(s: Settings) -> None:
     """Exactly-once: Kafka aborts a transaction open longer than transaction.timeout.ms. One is open for up to
-    transaction_max_seconds, and its commit is retried for up to delivery_timeout; and librdkafka refuses a
-    message timeout (delivery_timeout) longer than the transaction timeout."""
+    transaction_max_seconds (DRAIN_TRANSACTION_SECONDS while draining a backlog, when longer), and its commit
+    is retried for up to delivery_timeout; and librdkafka refuses a message timeout (delivery_timeout) longer
+    than the transaction timeout."""
     raw = s.kafka.extra.get("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
     try:
         limit = int(raw)
     except (TypeError, ValueError):
         return  # librdkafka's own check names it
-    needed = s.transaction_max_seconds + s.delivery_timeout
+    needed = max(s.transaction_max_seconds, DRAIN_TRANSACTION_SECONDS) + s.delivery_timeout
     if needed * 1000 > limit:
         raise ConfigError(
             f"with delivery = 'exactly-once', transaction_max_seconds ({s.transaction_max_seconds:g} s) "

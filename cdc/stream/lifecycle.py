@@ -105,6 +105,7 @@ class Lifecycle(Reconnects, Health):
         self.slot_watch = SlotWatch(settings)  # other slots created or dropped on the cluster
         self.position = PositionWriter(settings)  # for `cdc recover`: how far Kafka acknowledged the outbox
         self._last_data = time.monotonic()  # when the stream last carried a change
+        self._caught_up = time.monotonic()  # when a read last emptied what the server had sent
         self.turned_at = self.last_ack_at = time.monotonic()
         self._acked_seen = 0
         self._routes: dict[tuple[bytes, bytes, bytes], Route] = {}

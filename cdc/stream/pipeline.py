@@ -45,12 +45,15 @@ from cdc.stream.messages import (
 from cdc.stream.pgoutput import decode, decode_copy_data, decode_insert_tuple
 from cdc.stream.route import MESSAGE_PREFIX, Route, RowFields, event_from_fields, parse_headers
 from cdc.stream.sink import Headers, ProducerStoppedError
-from cdc.stream.source import ReplicationSource
+from cdc.stream.source import MAX_BATCH, ReplicationSource
 from cdc.stream.waits import STATUS_MIN_INTERVAL, StopRequested
 
 log = logging.getLogger("cdc.pipeline")
 
 READ_TIMEOUT = 0.2  # seconds: how long one read waits for the database, which bounds the reaction to SIGTERM
+# The stream has had more waiting at every read for this long: the pipeline drains a backlog (exactly-once
+# then commits less often, cdc.stream.transactions.KafkaTransaction.due).
+DRAINING_AFTER = 1.0
 
 # The route cache and the metric series are keyed by values the rows bring: bounded, so that a stream of new
 # aggregate types (a bug upstream, or an allow-list left off) cannot grow the process without end.
@@ -74,6 +77,8 @@ class Pipeline(Lifecycle):
         ktx = self.ktx
         while not self._stop:
             batch = source.read(READ_TIMEOUT)
+            if len(batch) < MAX_BATCH:  # the read emptied what the server had sent: caught up
+                self._caught_up = time.monotonic()
             last_wal = None
             for data in batch:
                 if data[0] == 0x77:  # 'w' XLogData: 1 tag byte + 24 bytes of envelope, then pgoutput
@@ -116,7 +121,7 @@ class Pipeline(Lifecycle):
                 self._reload_schemas()
             if tracker.failure is not None or self.sink.fatal_error is not None:
                 self._delivery_failed()
-            if ktx.open and self._txn is None and ktx.due(now):
+            if ktx.open and self._txn is None and ktx.due(now, draining=self._draining(now)):
                 self._commit_kafka()  # exactly-once: a quiet stream commits what it has
             # Status updates: whenever the watermark moved, but not more often than STATUS_MIN_INTERVAL
             # (at tens of thousands of events a second it moves with every batch), and at least every
@@ -126,6 +131,9 @@ class Pipeline(Lifecycle):
                 self._confirmable() != self._sent_confirmed and since >= STATUS_MIN_INTERVAL
             ):
                 self._send_status()
+
+    def _draining(self, now: float) -> bool:
+        return now - self._caught_up > DRAINING_AFTER
 
     def _outbox_insert(self, values: Values) -> None:
         if self._skipping:
@@ -267,7 +275,8 @@ class Pipeline(Lifecycle):
                 ktx.events += txn.events
                 ktx.last_end_lsn = message.end_lsn
                 ktx.last_commit_us = txn.commit_time_us
-                if ktx.due(time.monotonic()):
+                now = time.monotonic()
+                if ktx.due(now, draining=self._draining(now)):
                     self._commit_kafka()
             if self._flood is not None:
                 # The poison-flood brake: this transaction is whole, so the shutdown can confirm it (and

@@ -73,7 +73,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
         "batch.size": 1_000_000,
         # Bounded in count and bytes: the in-flight window is what a restart may publish twice.
         "queue.buffering.max.messages": settings.max_in_flight,
-        "queue.buffering.max.kbytes": 65_536,
+        "queue.buffering.max.kbytes": settings.max_in_flight_mb * 1024,
         "message.timeout.ms": int(settings.delivery_timeout * 1000),
         "reconnect.backoff.ms": int(settings.backoff_initial * 1000),
         "reconnect.backoff.max.ms": int(settings.backoff_max * 1000),

@@ -37,7 +37,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc.config import Settings
+from cdc.config import DRAIN_TRANSACTION_SECONDS, Settings
 from cdc.errors import (
     DeliveryError,
     ProducerFencedError,
@@ -213,9 +213,12 @@ class KafkaTransaction:
     def begun(self, now: float) -> None:
         self.open, self.started, self.events = True, now, 0
 
-    def due(self, now: float) -> bool:
-        """Commit now: enough events, or old enough."""
-        return self.open and (self.events >= self.max_events or now - self.started >= self.max_age)
+    def due(self, now: float, *, draining: bool = False) -> bool:
+        """Commit now: enough events, or old enough. While the pipeline drains a backlog its records are
+        late by the backlog whatever the transaction's age, and every commit pauses the reading: the age
+        bound is then DRAIN_TRANSACTION_SECONDS (or max_age, when longer)."""
+        age = max(self.max_age, DRAIN_TRANSACTION_SECONDS) if draining else self.max_age
+        return self.open and (self.events >= self.max_events or now - self.started >= age)
 
 
 def classify(

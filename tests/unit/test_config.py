@@ -259,6 +259,7 @@ def test_bad_metrics_port(tmp_path: Path, value: str) -> None:
         ("topic_replication_factor", -1),
         ("max_in_flight", 0),
         ("max_in_flight", 1.5),
+        ("max_in_flight_mb", 0),
         ("create_topics", "perhaps"),
         ("table", "a.b.c"),
         ("table", "public.out box"),
@@ -644,3 +645,10 @@ def test_a_kafka_refusal_names_the_key_to_fix_not_the_one_librdkafka_names(
 ) -> None:
     err = rejected(tmp_path, env=env)
     assert err.key == key and says in str(err), str(err)
+
+
+def test_the_producer_queue_must_hold_the_largest_record(tmp_path: Path) -> None:
+    err = rejected(tmp_path, env={"CDC_MAX_IN_FLIGHT_MB": "4", "CDC_KAFKA_MESSAGE_MAX_BYTES": "8388608"})
+    assert err.key == "max_in_flight_mb" and "8388608" in str(err)
+    s = load(tmp_path, None, {"CDC_MAX_IN_FLIGHT_MB": "8", "CDC_KAFKA_MESSAGE_MAX_BYTES": "8388608"}, None)
+    assert s.max_in_flight_mb == 8

@@ -16,12 +16,20 @@ def settings(**overrides):
 
 def test_producer_is_idempotent_bounded_and_takes_the_users_keys():
     conf = producer_config(
-        settings(**{"kafka.linger.ms": "20", "kafka.compression.type": "zstd", "max_in_flight": 5000})
+        settings(
+            **{
+                "kafka.linger.ms": "20",
+                "kafka.compression.type": "zstd",
+                "max_in_flight": 5000,
+                "max_in_flight_mb": 16,
+            }
+        )
     )
     assert conf["enable.idempotence"] is True and conf["acks"] == "all"
     assert conf["max.in.flight.requests.per.connection"] == 1
     assert conf["linger.ms"] == "20" and conf["compression.type"] == "zstd"
     assert conf["queue.buffering.max.messages"] == 5000
+    assert conf["queue.buffering.max.kbytes"] == 16 * 1024
     assert conf["message.timeout.ms"] == 120_000
 
 

@@ -53,6 +53,15 @@ def test_a_transaction_is_due_by_events_or_by_age():
     assert ktx.due(10.0)
 
 
+def test_a_transaction_grows_older_while_the_pipeline_drains_a_backlog():
+    ktx = KafkaTransaction(settings(transaction_max_events=100, transaction_max_seconds=0.1))
+    ktx.begun(10.0)
+    assert ktx.due(10.11) and not ktx.due(10.11, draining=True)
+    assert not ktx.due(10.99, draining=True) and ktx.due(11.0, draining=True)
+    ktx.events = 100
+    assert ktx.due(10.0, draining=True)
+
+
 def test_fencing_ends_the_run_and_other_failures_abort_and_restart():
     fenced = classify(KafkaException(KafkaError(KafkaError.PRODUCER_FENCED)), "commit", "outbox-cdc.x.y")
     assert isinstance(fenced, ProducerFencedError) and "outbox-cdc.x.y" in str(fenced)

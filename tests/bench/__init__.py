@@ -6,5 +6,6 @@ sampling), ``bare_reader`` (the ceiling: a minimal pgoutput reader, run in a pro
 ``measure`` (one drain of a pre-filled slot measured from the outside: arrivals, CPU, VmHWM, every event id
 counted; shared with `make bench-debezium`), ``table`` (its figures and the table of relays), ``load`` (bulk
 and paced inserts), ``latency`` (the Kafka consumer measuring latency), ``profiles`` (summaries of cProfile /
-py-spy output). None of them is collected by pytest.
+py-spy output), ``soak`` (`make soak`: half an hour of load through `cdc run` and the idempotent consumer).
+None of them is collected by pytest.
 """

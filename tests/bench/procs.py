@@ -1,5 +1,5 @@
 """The pipeline as a subprocess (`python -m cdc run`, optionally under cProfile or py-spy), and sampling of a
-process's RSS and CPU time from /proc."""
+process's RSS, CPU time, open file descriptors and threads from /proc."""
 
 from __future__ import annotations
 
@@ -37,6 +37,26 @@ def vmhwm_mb(pid: int) -> float | None:
     return _status_mib(pid, "VmHWM:")
 
 
+def open_fds(pid: int) -> int | None:
+    """How many file descriptors ``pid`` has open (sockets, pipes, files), or None when it is gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def threads(pid: int) -> int | None:
+    """The number of threads of ``pid`` (``Threads:`` of /proc/<pid>/status), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of ``pid`` (all its threads), or None when it is gone or unknown."""
     if pid is None:
@@ -47,6 +67,30 @@ def cpu_seconds(pid: int | None) -> float | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15)
+
+
+def tree_cpu_seconds(pid: int | None) -> float | None:
+    """CPU time of ``pid``, of its children that it has reaped (cutime + cstime) and of its live children: all
+    a server spent that forks a process per connection (PostgreSQL's postmaster); None when it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    total = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (fields 14 to 17)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                child = stat.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(child[1]) == pid:
+            total += int(child[11]) + int(child[12])
+    return total / CLOCK_TICKS
 
 
 class MachineCpu:

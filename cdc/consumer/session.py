@@ -54,6 +54,11 @@ def consumer_config(
         "auto.offset.reset": "earliest",  # a new group must not skip what was published before it joined
         "partition.assignment.strategy": "cooperative-sticky",  # a rebalance stops only the moved partitions
         "client.id": f"outbox-cdc-consumer-{group_id}",
+        # Memory: librdkafka fetches ahead up to 64 MiB by default, which a consumer behind its topic fills
+        # (the soak saw 200 MB). A batch is at most 1000 records: 16 MiB ahead keeps it fed, and a full
+        # queue is fetched again after 50 ms rather than librdkafka's 1 s.
+        "queued.max.messages.kbytes": 16 * 1024,
+        "fetch.queue.backoff.ms": 50,
     }
     conf.update(extra)
     conf.update(FIXED_CONSUMER_CONFIG)

@@ -26,6 +26,12 @@ def test_the_guarantees_settings_are_fixed_and_the_rest_is_ours_then_the_users()
     assert consumer_config("k", "g", {"enable.auto.commit": "false"})["enable.auto.commit"] is False
 
 
+def test_what_the_consumer_fetches_ahead_is_bounded_and_the_users_to_change():
+    assert consumer_config("k", "g")["queued.max.messages.kbytes"] == 16 * 1024
+    mine = consumer_config("k", "g", {"queued.max.messages.kbytes": 4096})
+    assert mine["queued.max.messages.kbytes"] == 4096
+
+
 @pytest.mark.parametrize(
     ("key", "value"), [("enable.auto.commit", True), ("isolation.level", "read_uncommitted")]
 )

@@ -16,19 +16,24 @@ from typing import Any
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 
+def latency_consumer_config(bootstrap: str, group_id: str) -> dict[str, Any]:
+    """A consumer that measures latency: no commits, and a fetch answered within 100 ms."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "fetch.wait.max.ms": 100,
+        "enable.partition.eof": False,
+    }
+
+
 class LatencyConsumer(threading.Thread):
     """Reads ``topic`` from its end offsets at start-up; keeps one latency (ms) per record."""
 
     def __init__(self, bootstrap: str, topic: str, group_id: str) -> None:
         super().__init__(name="latency-consumer", daemon=True)
         self.topic = topic
-        self.config = {
-            "bootstrap.servers": bootstrap,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
-            "enable.partition.eof": False,
-        }
+        self.config = latency_consumer_config(bootstrap, group_id)
         self.latencies_ms: list[float] = []
         self.received_at: list[float] = []  # wall-clock seconds, one per record, parallel to latencies_ms
         self.errors: list[str] = []

@@ -57,14 +57,21 @@ def threads(pid: int) -> int | None:
     return None
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU time of ``pid`` (all its threads), or None when it is gone or unknown."""
+def _stat_fields(pid: int | None) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (field 3 on), or None when it is gone."""
     if pid is None:
         return None
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
+            return stat.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of ``pid`` (all its threads), or None when it is gone or unknown."""
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15)
 
@@ -72,23 +79,15 @@ def cpu_seconds(pid: int | None) -> float | None:
 def tree_cpu_seconds(pid: int | None) -> float | None:
     """CPU time of ``pid``, of its children that it has reaped (cutime + cstime) and of its live children: all
     a server spent that forks a process per connection (PostgreSQL's postmaster); None when it is gone."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
     total = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (fields 14 to 17)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                child = stat.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(child[1]) == pid:
+        child = _stat_fields(int(entry))
+        if child is not None and int(child[1]) == pid:
             total += int(child[11]) + int(child[12])
     return total / CLOCK_TICKS
 

@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from tests.bench.db import connect
+from tests.bench.latency import latency_consumer_config
 from tests.bench.procs import MachineCpu, cpu_seconds, open_fds, rss_mb, threads, tree_cpu_seconds
 from tests.bench.soak import WARM_UP_ROWS
 
@@ -40,13 +41,7 @@ class LatencyHistograms(threading.Thread):
     def __init__(self, bootstrap: str, topic: str, group_id: str) -> None:
         super().__init__(name="latency-consumer", daemon=True)
         self.topic = topic
-        self.config = {
-            "bootstrap.servers": bootstrap,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
-            "enable.partition.eof": False,
-        }
+        self.config = latency_consumer_config(bootstrap, group_id)
         self.origin: float | None = None
         self.minutes: dict[int, dict[int, int]] = {}
         self.count = 0

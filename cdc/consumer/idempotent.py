@@ -8,7 +8,9 @@ PostgreSQL: for each record it
 2. in one transaction inserts ``(event_id, consumer)`` into ``processed_events`` (``ON CONFLICT DO NOTHING``)
    and, only when that row is new, calls ``handler(conn, event)``: the effect and the guard row commit
    together or not at all; a duplicate commits nothing new and skips the handler;
-3. commits the Kafka offset past the record, synchronously, only after the database commit.
+3. commits the Kafka offset past the record, only after the database commit; without waiting for the
+   broker's answer (an offset stays pending until it is confirmed, and a revocation or the close commits
+   what is pending synchronously).
 
 A crash anywhere before step 2's commit leaves neither the effect nor the guard row, and the record is read
 again; a crash between 2 and 3 leaves both, and the redelivered record is acknowledged as a duplicate.

@@ -108,7 +108,7 @@ class Session(Batches):
             self._open()
             while not self._stop.is_set():
                 records = []
-                for message in self._consumer.consume(self._next_batch_size(), self.poll_timeout):
+                for message in self._poll(self._next_batch_size()):
                     if (err := message.error()) is None:
                         records.append(message)
                     elif err.fatal():
@@ -119,6 +119,18 @@ class Session(Batches):
         finally:
             self._close()
         log.info("consumer %s stopped: %s", self.name, self.counts)
+
+    def _poll(self, size: int) -> list[Any]:
+        """Up to ``size`` records without waiting for that many: what is queued now, or else the first to
+        arrive within ``poll_timeout`` and what came with it. ``consume(size, timeout)`` waits for ``size``
+        records or the timeout, which held every record of a consumer that keeps up for up to
+        ``poll_timeout`` (its batches sized for a backlog)."""
+        messages: list[Any] = self._consumer.consume(size, 0)
+        if not messages:
+            messages = self._consumer.consume(1, self.poll_timeout)
+            if messages and size > 1:
+                messages += self._consumer.consume(size - 1, 0)
+        return messages
 
     def _open(self) -> None:
         try:
@@ -134,7 +146,7 @@ class Session(Batches):
             raise TopicMissingError(
                 f"the dead-letter topic {self.dlq_topic!r} does not exist: create it first"
             )
-        self._consumer = Consumer(self._conf)
+        self._consumer = Consumer({**self._conf, "on_commit": self._on_committed})
         self._consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )

@@ -5,7 +5,7 @@ them) are produced to a fresh topic; then, side by side on the same records,
 
 1. a plain consumer that only decodes each record with EventDeserializer (the ceiling), and
 2. IdempotentConsumer with a handler that inserts one invoice row (guard rows and effects in batched
-   transactions, each followed by a synchronous offset commit), its handlers in psycopg's pipeline mode,
+   transactions, each followed by an offset commit), its handlers in psycopg's pipeline mode,
 3. the same without the pipeline (a round trip per handler statement),
 4. IdempotentConsumer with a batch handler that inserts the batch's new events' invoice rows with one
    ``executemany`` (the guard rows and the effects still in one transaction per batch),

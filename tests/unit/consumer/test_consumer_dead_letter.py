@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from cdc.consumer import EventDeserializer, IdempotentConsumer
 from cdc.errors import ConsumerError
+from tests.unit.consumer.offline import offline_consumer
 from tests.unit.fake_message import Message
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "schemas"
@@ -76,14 +77,7 @@ class FakeConsumer:
 
 
 def service(producer: FakeProducer) -> tuple[IdempotentConsumer, FakeConsumer]:
-    consumer = IdempotentConsumer(
-        name="inv",
-        topics=["outbox.event.order"],
-        handler=lambda conn, event: None,
-        database_url="postgresql://localhost/none",
-        bootstrap_servers="localhost:1",
-        deserializer=EventDeserializer(SCHEMAS),
-    )
+    consumer = offline_consumer(deserializer=EventDeserializer(SCHEMAS))
     kafka = FakeConsumer()
     consumer._producer, consumer._consumer = producer, kafka
     return consumer, kafka

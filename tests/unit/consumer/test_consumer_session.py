@@ -6,6 +6,9 @@ from __future__ import annotations
 from confluent_kafka import KafkaError, TopicPartition
 
 from cdc.consumer import IdempotentConsumer
+from tests.unit.consumer.offline import offline_consumer
+
+TOPIC = "outbox.event.order"  # offline_consumer's topic
 
 
 class QueueConsumer:
@@ -34,14 +37,7 @@ class QueueConsumer:
 
 
 def service(kafka: QueueConsumer) -> IdempotentConsumer:
-    consumer = IdempotentConsumer(
-        name="inv",
-        topics=["orders"],
-        handler=lambda conn, event: None,
-        database_url="postgresql://localhost/none",
-        bootstrap_servers="localhost:1",
-        poll_timeout=0.5,
-    )
+    consumer = offline_consumer(poll_timeout=0.5)
     consumer._consumer = kafka
     return consumer
 
@@ -69,7 +65,7 @@ class Record:
         self._partition, self._offset = partition, offset
 
     def topic(self) -> str:
-        return "orders"
+        return TOPIC
 
     def partition(self) -> int:
         return self._partition
@@ -82,20 +78,20 @@ def test_offsets_are_committed_asynchronously_and_pending_until_confirmed() -> N
     kafka = QueueConsumer(queued=0)
     consumer = service(kafka)
     consumer._commit(Record(0, 41), Record(1, 7))
-    assert kafka.commits == [([("orders", 0, 42), ("orders", 1, 8)], True)]
-    assert consumer._pending == {("orders", 0): 42, ("orders", 1): 8}
+    assert kafka.commits == [([(TOPIC, 0, 42), (TOPIC, 1, 8)], True)]
+    assert consumer._pending == {(TOPIC, 0): 42, (TOPIC, 1): 8}
 
     consumer._on_committed(KafkaError(KafkaError.REQUEST_TIMED_OUT), [])
     assert len(consumer._pending) == 2, "a failed commit stays pending"
     consumer._commit(Record(0, 50))  # partition 0 moved on before the first commit was confirmed
-    consumer._on_committed(None, [TopicPartition("orders", 0, 42), TopicPartition("orders", 1, 8)])
-    assert consumer._pending == {("orders", 0): 51}, "only what the broker confirmed is done"
+    consumer._on_committed(None, [TopicPartition(TOPIC, 0, 42), TopicPartition(TOPIC, 1, 8)])
+    assert consumer._pending == {(TOPIC, 0): 51}, "only what the broker confirmed is done"
 
 
 def test_a_revocation_commits_what_is_pending_synchronously() -> None:
     kafka = QueueConsumer(queued=0)
     consumer = service(kafka)
     consumer._commit(Record(2, 9))
-    consumer._on_revoke(kafka, [TopicPartition("orders", 2)])
-    assert kafka.commits[-1] == ([("orders", 2, 10)], False)
+    consumer._on_revoke(kafka, [TopicPartition(TOPIC, 2)])
+    assert kafka.commits[-1] == ([(TOPIC, 2, 10)], False)
     assert consumer._pending == {}

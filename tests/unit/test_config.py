@@ -78,7 +78,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert s.metrics_port is None
     assert (s.status_interval, s.shutdown_timeout, s.delivery_timeout, s.startup_timeout) == (10, 30, 120, 30)
     assert (s.backoff_initial, s.backoff_multiplier, s.backoff_max) == (0.5, 2.0, 30.0)
-    assert s.max_in_flight == 100_000 and s.heartbeat_interval == 30.0
+    assert s.max_in_flight == 20_000 and s.heartbeat_interval == 30.0
     assert (s.on_invalid_event, s.log_level, s.log_format) == ("dlq", "INFO", "text")
     assert dict(s.sources) == {"database_url": "from CDC_DATABASE_URL"}
     assert json.loads(json.dumps(s.redacted()))["kafka"] == {"bootstrap_servers": "localhost:9092"}

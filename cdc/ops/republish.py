@@ -160,10 +160,11 @@ def select_rows(
         columns=tuple(Column(str(column), 25, -1, field == "id") for field, column in present),
     )
     created = settings.columns.created_at
+    # Floored, as cdc run floors the commit time: a bigint cast rounds, and stamped a copy after its original.
     timestamp = (
-        sql.SQL("(extract(epoch FROM {})*1000)::bigint").format(sql.Identifier(created))
+        sql.SQL("floor(extract(epoch FROM {})*1000)::bigint").format(sql.Identifier(created))
         if created
-        else sql.SQL("(extract(epoch FROM now())*1000)::bigint")
+        else sql.SQL("floor(extract(epoch FROM now())*1000)::bigint")
     )
     order = sql.SQL("{}, ctid").format(sql.Identifier(created)) if created else sql.SQL("ctid")
     where, params = _where(settings, rows)

@@ -71,6 +71,24 @@ def test_republished_records_are_the_pipelines_records_with_a_mark(outbox: Outbo
     assert later.ids  # committed after: part of --all
 
 
+def test_the_timestamp_is_created_at_cut_to_the_millisecond_as_cdc_run_cuts_the_commit_time(
+    outbox: Outbox, consume
+):
+    """`cdc run` stamps a record with the commit time floored to the millisecond; a republished copy's
+    created_at must be floored too. Rounded (a bigint cast), a row written 0.9 ms into a millisecond got
+    the next one, and its copy was stamped after its original's commit."""
+    txn = outbox.commit([outbox.event("t-1")])
+    with outbox.conn.transaction():
+        outbox.conn.execute(
+            f"UPDATE {outbox.table} SET created_at = '2026-03-01 12:00:00.000900+00' WHERE id = %s",
+            (txn.ids[0],),
+        )
+    done = cdc(outbox.env, "outbox", "republish", "--id", txn.ids[0])
+    assert done.returncode == 0, done.stderr
+    (record,) = consume(outbox.topic("order"), 1, timeout=30)
+    assert record.timestamp_ms == 1_772_366_400_000
+
+
 def test_filters_choose_the_rows(outbox: Outbox, consume):
     ev = outbox.event
     customer = {"customer_id": "c", "email": "e", "marketing_opt_in": False}

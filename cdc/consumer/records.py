@@ -93,7 +93,7 @@ class Records:
             done = self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
         except KafkaException as exc:
             # Safe to leave: the database already holds the guard row, so a redelivery is a duplicate.
-            log.warning("offset commit failed (%s): retried with the next commit", exc.args[0])
+            self._on_committed(exc.args[0], [])
             return
         if not asynchronous:
             self._on_committed(None, done or offsets)

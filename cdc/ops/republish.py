@@ -161,10 +161,8 @@ def select_rows(
     )
     created = settings.columns.created_at
     # Floored, as cdc run floors the commit time: a bigint cast rounds, and stamped a copy after its original.
-    timestamp = (
-        sql.SQL("floor(extract(epoch FROM {})*1000)::bigint").format(sql.Identifier(created))
-        if created
-        else sql.SQL("floor(extract(epoch FROM now())*1000)::bigint")
+    timestamp = sql.SQL("floor(extract(epoch FROM {})*1000)::bigint").format(
+        sql.Identifier(created) if created else sql.SQL("now()")
     )
     order = sql.SQL("{}, ctid").format(sql.Identifier(created)) if created else sql.SQL("ctid")
     where, params = _where(settings, rows)

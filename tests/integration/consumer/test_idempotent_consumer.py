@@ -35,6 +35,8 @@ from psycopg import sql
 from cdc.avro.encoder import AvroEncoder, confluent_header
 from cdc.avro.registry import SchemaRegistry
 from cdc.avro.store import SchemaStore
+from cdc.config import TableRef
+from cdc.consumer.processed import apply_setup, mark_many, mark_processed
 from cdc.outbox import emit
 from tests.plugins.kafka import (
     client_config,
@@ -488,6 +490,38 @@ def test_consumer_setup_and_prune_on_the_service_database(pg_database, unique_na
         assert left() == ["new-a", "new-b", "old-b1"]
     bad = cdc(env, "consumer", "prune", "--processed-table", table, "--older-than", "soon")
     assert bad.returncode == 2 and "is not a duration" in bad.stderr
+
+
+ODD_IDS = [
+    'quote"d',
+    "back\\slash\\",
+    "comma,separated",
+    "{braces}",
+    "NULL",
+    "",
+    "  spaced  ",
+    "new\nline\ttab",
+    "üñí©ødé ✓ 🎉",
+    "x" * 300,
+]
+
+
+def test_the_guard_of_a_batch_keeps_every_id_exactly_as_written(pg_database, unique_name):
+    # A batch's ids travel as one JSON array: what a text[] literal or a JSON string treats specially (quotes,
+    # backslashes, commas, braces, NULL, the empty string, control characters, non-ASCII) must come back as
+    # the same id, new the first time and never again.
+    table = TableRef(schema="public", name=unique_name("processed")[:63])
+    apply_setup(pg_database, table)
+    with psycopg.connect(pg_database) as conn:
+        with conn.transaction():
+            assert mark_many(conn, table, ODD_IDS, "invoices") == set(ODD_IDS)
+        with conn.transaction():
+            assert mark_many(conn, table, [*ODD_IDS, "fresh"], "invoices") == {"fresh"}
+            assert not mark_processed(conn, table, ODD_IDS[0], "invoices")
+        stored = conn.execute(
+            sql.SQL("SELECT event_id FROM {}").format(sql.Identifier(table.schema, table.name))
+        ).fetchall()
+    assert sorted(r[0] for r in stored) == sorted([*ODD_IDS, "fresh"])
 
 
 def test_a_registry_outage_makes_the_consumer_wait_not_dead_letter(rig, schema_registry_url, tcp_proxy):

@@ -3,6 +3,7 @@ registry and is tested in tests/integration/test_framing.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import json
@@ -14,7 +15,7 @@ import pytest
 
 from cdc.avro.encoder import AvroEncoder, confluent_header, split_confluent
 from cdc.avro.store import SchemaStore
-from cdc.consumer import EventDeserializer, classify
+from cdc.consumer import Event, EventDeserializer, classify
 from cdc.errors import DeserializationError
 from tests.unit.fake_message import Message
 
@@ -43,6 +44,26 @@ def test_reads_an_event_as_written_with_its_headers() -> None:
     assert event.headers == {"id": "e-1", "traceparent": "00-abc", "empty": ""}
     assert (event.key, event.topic, event.partition, event.offset) == ("o-1", "outbox.event.order", 2, 41)
     assert event.timestamp_ms == 1_700_000_000_000
+
+
+def test_the_event_is_a_frozen_event_equal_to_one_built_from_its_fields() -> None:
+    # Events are built as a non-frozen twin that then becomes an Event (the frozen __init__ costs 1.3 µs).
+    message = Message(encoded(2, V2), [("id", b"e-1"), ("traceparent", b"00-abc")])
+    event = EventDeserializer(SCHEMAS)(message)
+    assert type(event) is Event and dataclasses.is_dataclass(event)
+    assert event == Event(**{f.name: getattr(event, f.name) for f in dataclasses.fields(Event)})
+    assert event.raw_headers == (("id", b"e-1"), ("traceparent", b"00-abc"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.id = "e-2"  # type: ignore[misc]
+    assert "raw_headers" not in repr(event)
+
+
+def test_events_of_two_versions_read_by_one_deserializer_keep_their_own_schemas() -> None:
+    # The writer schema is cached by fingerprint: each version's values still find their own.
+    deserialize = EventDeserializer(SCHEMAS)
+    for _ in range(2):
+        assert deserialize(Message(encoded(1, V1))).payload == V1
+        assert deserialize(Message(encoded(2, V2))).payload == V2
 
 
 def test_a_v1_reader_reads_v2_events_without_the_new_field() -> None:

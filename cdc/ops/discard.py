@@ -20,7 +20,16 @@ from confluent_kafka import KafkaError, Message, Producer
 from cdc.config import Settings
 from cdc.errors import DeadLetterError
 from cdc.logs import kafka_log
-from cdc.ops.dlq import DISCARD_REASON, DISCARDED_BY, RESOLVED, DeadLetter, DeadLetterTopic, Position, _at
+from cdc.ops.dlq import (
+    DISCARD_REASON,
+    DISCARDED_BY,
+    RESOLVED,
+    DeadLetter,
+    DeadLetterTopic,
+    Position,
+    _at,
+    refused_writes,
+)
 from cdc.ops.dlq import _reason as reason_of
 from cdc.stream.sink import Headers, producer_config
 
@@ -91,5 +100,6 @@ def _mark(settings: Settings, targets: list[tuple[Position, Headers]]) -> dict[i
         else:
             failed.append(f"{partition}:{offset} ({reason_of(err) if err else 'no delivery report in time'})")
     if failed:
+        refused_writes(settings, (err for err, _ in reports.values()), settings.dlq_topic)
         raise DeadLetterError(f"dead-letter records {', '.join(failed)} could not be marked discarded")
     return markers

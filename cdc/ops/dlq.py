@@ -36,8 +36,9 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from cdc.config import Settings
-from cdc.errors import DeadLetterError
+from cdc.errors import AccessDeniedError, CdcError, DeadLetterError
 from cdc.logs import kafka_log
+from cdc.stream.access import authorization_refusal, refusal_for_right
 from cdc.stream.sink import admin_config
 
 __all__ = ["DeadLetter", "DeadLetterTopic", "Scan"]
@@ -227,11 +228,16 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
     """Reads ``settings.dlq_topic`` with the tool's consumer group; a context manager."""
 
     def __init__(self, settings: Settings) -> None:
-        self.topic, self.servers = settings.dlq_topic, settings.kafka.bootstrap_servers
+        self.settings, self.topic, self.servers = (
+            settings,
+            settings.dlq_topic,
+            settings.kafka.bootstrap_servers,
+        )
+        self.group = f"cdc-dlq-{self.topic}"
         self.timeout = settings.startup_timeout  # each wait for Kafka, and the longest read without progress
         # Connection and security keys only: producer tuning keys (linger.ms...) are errors to a consumer.
         # librdkafka logs every failed connect attempt; the one-line error says the same, so only critical.
-        conf = {**admin_config(settings), "group.id": f"cdc-dlq-{self.topic}", "enable.auto.commit": False}
+        conf = {**admin_config(settings), "group.id": self.group, "enable.auto.commit": False}
         conf |= {"auto.offset.reset": "earliest", "logger": kafka_log, "log_level": 2}
         try:
             self._consumer = Consumer(conf)
@@ -241,17 +247,40 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
     def __exit__(self, *exc: object) -> None:
         self._consumer.close()
 
-    def _fail(self, exc: KafkaException | KafkaError | str) -> DeadLetterError:
+    def _fail(self, exc: KafkaException | KafkaError | str, waited: float | None = None) -> CdcError:
+        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+        if isinstance(err, KafkaError) and (denied := self._denied(err)) is not None:
+            return denied
         return DeadLetterError(
-            f"reading the dead-letter topic '{self.topic}' at {self.servers} failed: {_reason(exc)} "
-            "(check kafka.bootstrap_servers / CDC_KAFKA_BOOTSTRAP_SERVERS and that the broker is up)"
+            f"reading the dead-letter topic '{self.topic}' at {self.servers} failed: {_reason(exc)}"
+            + ("" if waited is None else f", waited {waited:g} s")
+            + " (check kafka.bootstrap_servers / CDC_KAFKA_BOOTSTRAP_SERVERS and that the broker is up)"
         )
+
+    def _denied(self, error: KafkaError) -> AccessDeniedError | None:
+        """A right the tool lacks, named with its grant: never taken for a broker that is down, nor for a
+        topic that does not exist."""
+        if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            return refusal_for_right(
+                self.settings, "Read", "Topic", self.topic, "reading the dead-letter topic"
+            )
+        if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            right = f"Read on Group:{self.group}"
+            return AccessDeniedError(
+                f"Kafka denies the right {right} (the committed offsets that keep the dead-letter tools' "
+                f"place). Grant it: kafka-acls.sh --bootstrap-server ... --add --allow-principal <principal> "
+                f"--operation Read --operation Describe --group {self.group}",
+                right=right,
+            )
+        return None
 
     def scan(self, *, from_start: bool = False) -> Scan:
         """The topic from the bookmark (or, ``from_start``, from its first record) to its current end."""
         consumer, topic, wait = self._consumer, self.topic, self.timeout
         try:
             found = consumer.list_topics(topic, timeout=wait).topics.get(topic)
+            if found is not None and found.error is not None and (denied := self._denied(found.error)):
+                raise denied
             if found is None or found.error is not None or not found.partitions:
                 raise DeadLetterError(
                     f"the dead-letter topic '{topic}' does not exist at {self.servers}: nothing was "
@@ -264,7 +293,7 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
                 bookmark = low <= tp.offset <= high and not from_start
                 ranges[tp.partition] = (tp.offset if bookmark else low, high)
         except KafkaException as exc:
-            raise self._fail(f"{_reason(exc)}, waited {wait:g} s") from exc
+            raise self._fail(exc, waited=wait) from exc
         return Scan.of(topic, ranges, self._read(ranges))
 
     def _read(self, ranges: dict[int, tuple[int, int]]) -> list[DeadLetter]:
@@ -313,3 +342,11 @@ def _at(position: Position) -> str:
 def _reason(exc: KafkaException | KafkaError | str | None) -> str:
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
     return err.str() if isinstance(err, KafkaError) else str(err)
+
+
+def refused_writes(settings: Settings, errors: Iterable[KafkaError | None], topic: str) -> None:
+    """Raise the grant to make when Kafka refused a write of the dead-letter tools for a missing right (Write
+    on ``topic``, or the idempotent producer's): a denial is not a record that failed."""
+    denied = authorization_refusal(settings, [e for e in errors if e is not None], topic=topic)
+    if denied is not None:
+        raise denied

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from cdc.avro.encoder import confluent_header
 from cdc.avro.reload import SchemaSet
 from cdc.config import Settings
-from cdc.errors import DeadLetterError, EventError, MalformedEventError, SinkError
+from cdc.errors import AccessDeniedError, DeadLetterError, EventError, MalformedEventError, SinkError
 from cdc.logs import kafka_log
 from cdc.ops.dlq import (
     REPLAYED_FROM,
@@ -30,6 +30,7 @@ from cdc.ops.dlq import (
     Scan,
     _at,
     _reason,
+    refused_writes,
     split_headers,
 )
 from cdc.stream.sink import Headers, KafkaSink, producer_config
@@ -138,6 +139,9 @@ class _Replayer:
         if lost := len(ready) - len(delivered):
             failure = failure or f"Kafka did not acknowledge {lost} replayed records: {_first(reports)}"
         markers = self._mark(delivered)
+        for i, (err, _) in sorted(reports.items()):
+            if err is not None:  # a missing right is no record's failure: the grant, after the markers
+                refused_writes(self.settings, [err], ready[i][1])
         if failure:
             raise DeadLetterError(f"{failure}; not marked resolved ({len(delivered)} others were replayed)")
         result.outcomes.sort(key=lambda o: o.position)
@@ -163,6 +167,14 @@ class _Replayer:
                 self.scan.resolved.add(target)
                 markers[target[0]].append(offset)
         if unmarked := [_at(t) for t in targets if t not in self.scan.resolved]:
+            try:
+                refused_writes(self.settings, (err for err, _ in reports.values()), dlq)
+            except AccessDeniedError as denied:
+                raise AccessDeniedError(
+                    f"{denied.message}. Dead-letter records {', '.join(unmarked)} were replayed but could "
+                    "not be marked resolved: a later replay publishes them again",
+                    right=denied.right,
+                ) from None
             raise DeadLetterError(
                 f"dead-letter records {', '.join(unmarked)} were replayed but could not be marked resolved "
                 f"({_first(reports)}): a later replay publishes them again"

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from confluent_kafka import KafkaError, KafkaException
 
 from cdc.cli import main
-from cdc.errors import DeadLetterError
-from cdc.ops.dlq import DeadLetter, Scan, parse_id, resume_offset, split_headers
+from cdc.config_loader import load_settings
+from cdc.errors import AccessDeniedError, DeadLetterError
+from cdc.ops.dlq import (
+    DeadLetter,
+    DeadLetterTopic,
+    Scan,
+    parse_id,
+    refused_writes,
+    resume_offset,
+    split_headers,
+)
 
 UUID = "0b7c2a1e-3f7e-4d2a-9a55-2f0b8e7f6c11"
 
@@ -258,3 +268,49 @@ def test_unresolved_records_are_counted_per_reason_and_a_resolved_one_says_how()
     assert scan.details(scan.find_any("a"))["resolution"] is None
     with pytest.raises(DeadLetterError):
         scan.find_any("zz")
+
+
+# -- a right the tools lack: the grant, not "is the broker up?" ------------------------------------------
+
+
+def dlq_settings(**overrides):
+    environ = {"CDC_DATABASE_URL": "postgresql://u@h/db", "CDC_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
+    return load_settings(config_file=None, environ=environ, overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    ("code", "right", "grant"),
+    [
+        (
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            "Read on Topic:outbox.dlq",
+            "--operation Read --topic outbox.dlq",
+        ),
+        (
+            KafkaError.GROUP_AUTHORIZATION_FAILED,
+            "Read on Group:cdc-dlq-outbox.dlq",
+            "--operation Read --operation Describe --group cdc-dlq-outbox.dlq",
+        ),
+    ],
+)
+def test_a_denied_read_of_the_dead_letter_topic_names_the_grant(code, right, grant):
+    with DeadLetterTopic(dlq_settings()) as topic:
+        refusal = topic._fail(KafkaException(KafkaError(code)), waited=5)
+    assert isinstance(refusal, AccessDeniedError) and refusal.right == right and refusal.exit_code == 2
+    assert grant in refusal.message and "broker is up" not in refusal.message
+
+
+def test_any_other_failure_to_read_it_is_still_about_reaching_the_broker():
+    with DeadLetterTopic(dlq_settings()) as topic:
+        failure = topic._fail(KafkaException(KafkaError(KafkaError._TIMED_OUT)), waited=5)
+    assert type(failure) is DeadLetterError and "waited 5 s" in failure.message
+    assert "broker is up" in failure.message
+
+
+def test_a_denied_write_of_a_marker_or_a_replay_names_the_grant_and_others_do_not():
+    settings = dlq_settings(kafka={"sasl.username": "ops"})
+    with pytest.raises(AccessDeniedError) as denied:
+        refused_writes(settings, [None, KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)], "outbox.dlq")
+    assert denied.value.right == "Write on Topic:outbox.dlq"
+    assert "--allow-principal User:ops --operation Write --topic outbox.dlq" in denied.value.message
+    refused_writes(settings, [None, KafkaError(KafkaError._MSG_TIMED_OUT)], "outbox.dlq")  # not a denial

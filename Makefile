@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-debezium bench-audit soak faults faults-cluster stack-up stack-down stack-status clean
+.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-consumer-memory bench-debezium bench-audit soak faults faults-cluster stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ bench: $(STAMP) stack-up ## bare reader, cdc run at-least-once and exactly-once 
 
 bench-consumer: $(STAMP) stack-up ## what exactly-once costs a downstream consumer (IdempotentConsumer vs plain)
 	. .stack/env && $(BIN)/python -m tests.bench.consumer $(BENCH_ARGS)
+
+bench-consumer-memory: $(STAMP) stack-up ## the idempotent consumer's RSS 2,500,000 records behind: its settings against librdkafka's (BENCH_ARGS="--events 500000")
+	. .stack/env && $(BIN)/python -m tests.bench.consumer_memory $(BENCH_ARGS)
 
 bench-debezium: $(STAMP) stack-up ## cdc run beside Debezium 3.6.1 (Kafka Connect standalone, Outbox Event Router): default, tuned, Avro (BENCH_ARGS="--events 20000")
 	. .stack/env && $(BIN)/python -m tests.bench.debezium $(BENCH_ARGS)

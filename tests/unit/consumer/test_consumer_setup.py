@@ -27,9 +27,12 @@ def test_the_guarantees_settings_are_fixed_and_the_rest_is_ours_then_the_users()
 
 
 def test_what_the_consumer_fetches_ahead_is_bounded_and_the_users_to_change():
-    assert consumer_config("k", "g")["queued.max.messages.kbytes"] == 16 * 1024
-    mine = consumer_config("k", "g", {"queued.max.messages.kbytes": 4096})
-    assert mine["queued.max.messages.kbytes"] == 4096
+    # Records (librdkafka's 100,000 bound first for small records), bytes for large ones, and each fetch.
+    conf = consumer_config("k", "g")
+    assert conf["queued.min.messages"] == 10_000 and conf["queued.max.messages.kbytes"] == 16 * 1024
+    assert conf["max.partition.fetch.bytes"] == 256 * 1024
+    mine = consumer_config("k", "g", {"queued.max.messages.kbytes": 4096, "queued.min.messages": 2000})
+    assert mine["queued.max.messages.kbytes"] == 4096 and mine["queued.min.messages"] == 2000
 
 
 @pytest.mark.parametrize(

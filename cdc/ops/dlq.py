@@ -33,7 +33,8 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from cdc.config import Settings
 from cdc.errors import AccessDeniedError, CdcError, DeadLetterError
@@ -241,6 +242,11 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
         conf |= {"auto.offset.reset": "earliest", "logger": kafka_log, "log_level": 2}
         try:
             self._consumer = Consumer(conf)
+            # The committed offsets are read through the admin API: a consumer's committed() waits out its
+            # timeout when the group is denied, where the admin request says so at once.
+            admin = admin_config(settings)
+            admin |= {"logger": kafka_log, "log_level": 2}
+            self._admin = AdminClient(admin)
         except KafkaException as exc:
             raise DeadLetterError(f"cannot create a Kafka consumer: {_reason(exc)}") from exc
 
@@ -287,7 +293,7 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
                     "dead-lettered yet, or dlq_topic (CDC_DLQ_TOPIC) names another topic"
                 )
             ranges: dict[int, tuple[int, int]] = {}
-            for tp in consumer.committed([TopicPartition(topic, p) for p in sorted(found.partitions)], wait):
+            for tp in self._committed([TopicPartition(topic, p) for p in sorted(found.partitions)]):
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), wait)
                 # No bookmark yet, or one from a deleted and re-created topic: from the beginning.
                 bookmark = low <= tp.offset <= high and not from_start
@@ -295,6 +301,16 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
         except KafkaException as exc:
             raise self._fail(exc, waited=wait) from exc
         return Scan.of(topic, ranges, self._read(ranges))
+
+    def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The group's committed offset of each partition (OFFSET_INVALID where it has none)."""
+        request = ConsumerGroupTopicPartitions(self.group, partitions)
+        future = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout)[self.group]
+        found: list[TopicPartition] = future.result(self.timeout).topic_partitions
+        for tp in found:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+        return found
 
     def _read(self, ranges: dict[int, tuple[int, int]]) -> list[DeadLetter]:
         consumer, out = self._consumer, []

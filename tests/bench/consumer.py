@@ -21,6 +21,8 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -40,9 +42,51 @@ from tests.plugins.pipeline import order_placed
 SCHEMAS = ROOT / "schemas"
 
 
-def produce(bootstrap: str, topic: str, n: int) -> None:
+def invoice_insert(schema: str) -> str:
+    """The one-row handler's statement, as a service writes it: a str (a sql.Composed would be rendered again
+    at every call, ~5 µs)."""
+    return (
+        sql.SQL("INSERT INTO {} (order_id, amount_cents) VALUES (%s, %s)")
+        .format(sql.Identifier(schema, "invoices"))
+        .as_string()
+    )
+
+
+@contextmanager
+def scratch(bootstrap: str, dsn: str, name: str, *, partitions: int) -> Iterator[tuple[str, str]]:
+    """``(topic, schema)`` of a run's own, with the topic's dead-letter topic (``bench-<topic>.dlq``), an
+    ``invoices`` table and a ``processed_events`` table; all dropped afterwards."""
+    run = secrets.token_hex(4)
+    topic, schema = f"bench.{name}.{run}", f"bench_{name.replace('-', '_')}_{run}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    dlq = f"bench-{topic}.dlq"
+    for future in admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1), NewTopic(dlq, num_partitions=1)]
+    ).values():
+        future.result(30)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (order_id text, amount_cents bigint)").format(
+                sql.Identifier(schema, "invoices")
+            )
+        )
+    apply_setup(dsn, TableRef(schema=schema, name="processed_events"))
+    try:
+        yield topic, schema
+    finally:
+        for future in admin.delete_topics([topic, dlq]).values():
+            future.result(30)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def produce(bootstrap: str, topic: str, n: int, config: dict[str, Any] | None = None) -> None:
+    """``n`` OrderPlaced records as the pipeline writes them (``config``: more producer settings)."""
     encoder = AvroEncoder(SchemaStore(SCHEMAS))
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, **(config or {})}
+    )
     for i in range(n):
         order = f"o-{i}"
         headers = [
@@ -93,12 +137,7 @@ def idempotent(
     """Seconds from the first handler call to the last event processed; ``batch``: None (one event per
     handler call), "executemany" or "copy" (a batch handler writing that way)."""
     marks: list[float] = []
-    # As a service writes it: a str. A sql.Composed would be rendered again at every call (~5 µs).
-    insert = (
-        sql.SQL("INSERT INTO {} (order_id, amount_cents) VALUES (%s, %s)")
-        .format(sql.Identifier(schema, "invoices"))
-        .as_string()
-    )
+    insert = invoice_insert(schema)
     copy_in = sql.SQL("COPY {} (order_id, amount_cents) FROM STDIN").format(
         sql.Identifier(schema, "invoices")
     )
@@ -150,30 +189,14 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000)
     args = parser.parse_args()
     bootstrap, dsn = os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"], os.environ["CDC_DATABASE_URL"]
-    run = secrets.token_hex(4)
-    topic, schema = f"bench.consumer.{run}", f"bench_consumer_{run}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    dlq = f"bench-{topic}.dlq"
-    for _name, future in admin.create_topics(
-        [NewTopic(topic, num_partitions=3, replication_factor=1), NewTopic(dlq, num_partitions=1)]
-    ).items():
-        future.result(30)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(
-            sql.SQL("CREATE TABLE {} (order_id text, amount_cents bigint)").format(
-                sql.Identifier(schema, "invoices")
-            )
-        )
-    apply_setup(dsn, TableRef(schema=schema, name="processed_events"))
-    try:
+    with scratch(bootstrap, dsn, "consumer", partitions=3) as (topic, schema):
         produce(bootstrap, topic, args.events)
         base = plain(bootstrap, topic, args.events)
         guarded = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=True)
         unpiped = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=False)
         many = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=False, batch="executemany")
         copied = idempotent(bootstrap, dsn, topic, args.events, schema, pipeline=False, batch="copy")
-        print(f"events        {args.events:,} (3 partitions, single-object Avro, ~310 B payloads)")
+        print(f"events        {args.events:,} (3 partitions, single-object Avro: 35 B values, 3 headers)")
         print(f"plain decode  {args.events / base:,.0f} events/s")
         print(
             f"idempotent    {args.events / guarded:,.0f} events/s "
@@ -187,11 +210,6 @@ def main() -> None:
         print(f"  with COPY   {args.events / copied:,.0f} events/s (the batch's new events in one COPY)")
         print(f"ratio         {base / guarded:.2f} (idempotent / plain decode)")
         print(f"batch ratios  {base / many:.2f} executemany, {base / copied:.2f} COPY (of plain decode)")
-    finally:
-        for future in admin.delete_topics([topic, dlq]).values():
-            future.result(30)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 if __name__ == "__main__":

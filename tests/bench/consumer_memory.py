@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -26,53 +25,26 @@ import threading
 import time
 from typing import Any
 
-import orjson
 import psycopg
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from cdc.avro.encoder import AvroEncoder
-from cdc.avro.store import SchemaStore
 from cdc.config import TableRef
 from cdc.consumer import Event, EventDeserializer, IdempotentConsumer
-from cdc.consumer.processed import apply_setup
-from tests.bench.consumer import SCHEMAS
-from tests.plugins.pipeline import order_placed
+from tests.bench.consumer import SCHEMAS, invoice_insert, produce, scratch
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "before": {"queued.min.messages": 100_000, "max.partition.fetch.bytes": 1024 * 1024},
 }
 STEADY_AFTER = 20.0  # seconds after the first record: the queue has filled by then
-
-
-def produce(bootstrap: str, topic: str, n: int) -> None:
-    encoder = AvroEncoder(SchemaStore(SCHEMAS))
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "compression.type": "lz4",
-            "linger.ms": 10,
-            "batch.num.messages": 10_000,
-            "batch.size": 1_000_000,
-        }
-    )
-    for i in range(n):
-        headers = [
-            ("id", secrets.token_hex(16).encode()),
-            ("event_type", b"OrderPlaced"),
-            ("schema_version", b"1"),
-        ]
-        value = encoder.encode("OrderPlaced", 1, orjson.dumps(order_placed(f"o-{i}")))
-        while True:
-            try:
-                producer.produce(topic, key=f"agg-{i % 500}", value=value, headers=headers)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(60) == 0
+# As cdc run's producer writes a backlog: lz4, batches of up to 1 MB.
+PIPELINE_LIKE = {
+    "compression.type": "lz4",
+    "linger.ms": 10,
+    "batch.num.messages": 10_000,
+    "batch.size": 1_000_000,
+}
 
 
 def status_kb(field: str) -> int:
@@ -86,11 +58,7 @@ def child(
     """One consumer process: reads for ``seconds`` after its first record (or until it has read ``events``),
     then prints its figures as JSON."""
     dsn = os.environ["CDC_DATABASE_URL"]
-    insert = (
-        sql.SQL("INSERT INTO {} (order_id, amount_cents) VALUES (%s, %s)")
-        .format(sql.Identifier(schema, "invoices"))
-        .as_string()
-    )
+    insert = invoice_insert(schema)
 
     def handler(conn: psycopg.Connection[Any], event: Event) -> None:
         conn.execute(insert, (event.payload["order_id"], event.payload["amount_cents"]))
@@ -103,7 +71,7 @@ def child(
         bootstrap_servers=os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"],
         deserializer=EventDeserializer(SCHEMAS, reader_versions={"OrderPlaced": 1}),
         processed_table=TableRef(schema=schema, name="processed_events"),
-        dlq_topic=f"{topic}.dlq",
+        dlq_topic=f"bench-{topic}.dlq",  # made by scratch()
         kafka_config=kafka_config,
     )
     samples: list[tuple[float, int, int]] = []  # (seconds since the first record, VmRSS kB, processed)
@@ -150,57 +118,47 @@ def main() -> None:
     if args.seconds <= STEADY_AFTER:
         parser.error(f"--seconds must be over {STEADY_AFTER:g}: the steady state is measured after that")
     bootstrap, dsn = os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"], os.environ["CDC_DATABASE_URL"]
-    run = secrets.token_hex(4)
-    topic, schema = f"bench.consumer-memory.{run}", f"bench_consumer_memory_{run}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     groups: list[str] = []
-    for future in admin.create_topics(
-        [NewTopic(topic, num_partitions=6, replication_factor=1), NewTopic(f"{topic}.dlq", num_partitions=1)]
-    ).values():
-        future.result(30)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(
-            sql.SQL("CREATE TABLE {} (order_id text, amount_cents bigint)").format(
-                sql.Identifier(schema, "invoices")
-            )
-        )
-    apply_setup(dsn, TableRef(schema=schema, name="processed_events"))
-    try:
-        produce(bootstrap, topic, args.events)
-        print(f"events        {args.events:,} behind (6 partitions, lz4, as cdc run writes them)")
-        for i in range(args.repeat):
-            for setting in SETTINGS:
-                with psycopg.connect(dsn, autocommit=True) as conn:  # every run handles the same records anew
-                    conn.execute(
-                        sql.SQL("TRUNCATE {}, {}").format(
-                            sql.Identifier(schema, "invoices"), sql.Identifier(schema, "processed_events")
-                        )
+    with scratch(bootstrap, dsn, "consumer-memory", partitions=6) as (topic, schema):
+        try:
+            measure(bootstrap, dsn, topic, schema, args, groups)
+        finally:
+            if groups:
+                admin = AdminClient({"bootstrap.servers": bootstrap})
+                for future in admin.delete_consumer_groups(groups).values():
+                    future.exception(30)  # a group that never committed may be gone already
+
+
+def measure(
+    bootstrap: str, dsn: str, topic: str, schema: str, args: argparse.Namespace, groups: list[str]
+) -> None:
+    """Fill the topic, then each setting in turn, ``--repeat`` times: one consumer process each."""
+    produce(bootstrap, topic, args.events, PIPELINE_LIKE)
+    print(f"events        {args.events:,} behind (6 partitions, lz4, as cdc run writes them)")
+    for i in range(args.repeat):
+        for setting in SETTINGS:
+            with psycopg.connect(dsn, autocommit=True) as conn:  # every run handles the same records anew
+                conn.execute(
+                    sql.SQL("TRUNCATE {}, {}").format(
+                        sql.Identifier(schema, "invoices"), sql.Identifier(schema, "processed_events")
                     )
-                groups.append(group := f"bench-memory-{run}-{setting}-{i}")
-                done = subprocess.run(
-                    [sys.executable, "-m", "tests.bench.consumer_memory", "--seconds", str(args.seconds),
-                     "--events", str(args.events), "--child", topic, schema, group, setting],
-                    capture_output=True,
-                    text=True,
-                    timeout=args.seconds + 120,
-                    check=True,
-                )  # fmt: skip
-                figures = json.loads(done.stdout.strip().splitlines()[-1])
-                peak, steady, rate = figures["peak_mb"], figures["steady_mb"], figures["events_per_s"]
-                print(
-                    f"{setting:13} peak RSS {peak:6.1f} MB, steady {steady:6.1f} MB, {rate:,} events/s "
-                    f"({SETTINGS[setting] or 'cdc.consumer defaults'})",
-                    flush=True,
                 )
-    finally:
-        for future in admin.delete_topics([topic, f"{topic}.dlq"]).values():
-            future.result(30)
-        if groups:
-            for future in admin.delete_consumer_groups(groups).values():
-                future.exception(30)  # a group that never committed may be gone already
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+            groups.append(group := f"{topic}-{setting}-{i}")
+            done = subprocess.run(
+                [sys.executable, "-m", "tests.bench.consumer_memory", "--seconds", str(args.seconds),
+                 "--events", str(args.events), "--child", topic, schema, group, setting],
+                capture_output=True,
+                text=True,
+                timeout=args.seconds + 120,
+                check=True,
+            )  # fmt: skip
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            peak, steady, rate = figures["peak_mb"], figures["steady_mb"], figures["events_per_s"]
+            print(
+                f"{setting:13} peak RSS {peak:6.1f} MB, steady {steady:6.1f} MB, {rate:,} events/s "
+                f"({SETTINGS[setting] or 'cdc.consumer defaults'})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -271,13 +271,8 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
                 self.settings, "Read", "Topic", self.topic, "reading the dead-letter topic"
             )
         if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-            right = f"Read on Group:{self.group}"
-            return AccessDeniedError(
-                f"Kafka denies the right {right} (the committed offsets that keep the dead-letter tools' "
-                f"place). Grant it: kafka-acls.sh --bootstrap-server ... --add --allow-principal <principal> "
-                f"--operation Read --operation Describe --group {self.group}",
-                right=right,
-            )
+            why = "the committed offsets that keep the dead-letter tools' place"
+            return refusal_for_right(self.settings, "Read", "Group", self.group, why, literal=True)
         return None
 
     def scan(self, *, from_start: bool = False) -> Scan:

@@ -242,7 +242,7 @@ def connection_refusal(
     return None
 
 
-def _grant(settings: Settings, operation: str, resource: str, name: str) -> str:
+def _grant(settings: Settings, operation: str, resource: str, name: str, literal: bool = False) -> str:
     option = {
         "Topic": "--topic",
         "Group": "--group",
@@ -250,7 +250,7 @@ def _grant(settings: Settings, operation: str, resource: str, name: str) -> str:
         "Cluster": "--cluster",
     }[resource]
     target = option if resource == "Cluster" else f"{option} {name}"
-    if resource == "Group" or (resource == "TransactionalId" and not name):
+    if (resource == "Group" and not literal) or (resource == "TransactionalId" and not name):
         target = f"{option} {name or 'outbox-cdc.'} --resource-pattern-type prefixed"
     return (
         f"kafka-acls.sh --bootstrap-server ... --add --allow-principal {_principal(settings)} "
@@ -259,12 +259,21 @@ def _grant(settings: Settings, operation: str, resource: str, name: str) -> str:
 
 
 def refusal_for_right(
-    settings: Settings, operation: str, resource: str, name: str, why: str, lsn: int | None = None
+    settings: Settings,
+    operation: str,
+    resource: str,
+    name: str,
+    why: str,
+    lsn: int | None = None,
+    *,
+    literal: bool = False,
 ) -> AccessDeniedError:
+    """The grant to make; a group's is a prefix (the checkpoint readers' groups are named per start) unless
+    ``literal``."""
     right = f"{operation} on {resource}" + (f":{name}" if name else "")
     return AccessDeniedError(
         f"Kafka denies {_principal(settings)} the right {right} ({why}). Grant it: "
-        f"{_grant(settings, operation, resource, name)}",
+        f"{_grant(settings, operation, resource, name, literal)}",
         right=right,
         lsn=lsn,
     )

@@ -289,7 +289,7 @@ def dlq_settings(**overrides):
         (
             KafkaError.GROUP_AUTHORIZATION_FAILED,
             "Read on Group:cdc-dlq-outbox.dlq",
-            "--operation Read --operation Describe --group cdc-dlq-outbox.dlq",
+            "--operation Read --group cdc-dlq-outbox.dlq",
         ),
     ],
 )

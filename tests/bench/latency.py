@@ -85,6 +85,19 @@ class LatencyConsumer(threading.Thread):
             time.sleep(0.05)
         return True
 
+    def wait_quiet(self, quiet: float, timeout: float) -> bool:
+        """Wait until no record has arrived for ``quiet`` seconds: what the topic held is read (a backlog that
+        the pipeline published while this consumer started is not taken for the load's records)."""
+        deadline = time.monotonic() + timeout
+        last, since = self.count, time.monotonic()
+        while time.monotonic() - since < quiet:
+            if time.monotonic() > deadline or not self.is_alive():
+                return False
+            time.sleep(0.05)
+            if self.count != last:
+                last, since = self.count, time.monotonic()
+        return True
+
     def stop(self) -> None:
         self._stop_event.set()
         self.join(10)

@@ -518,6 +518,10 @@ class Bench:
         watch.wait_confirmed(slot, lsn, 60)
         if not consumer.wait_count(a.rows_per_txn, 60):
             raise BenchError(f"the warm-up records did not reach the consumer: {consumer.errors}")
+        # The slot may have held the other latency phase's load (every slot sees every insert): the pipeline
+        # has published it by now, and the consumer may still be reading it. Those records are not the load's.
+        if not consumer.wait_quiet(1.0, 60):
+            raise BenchError(f"the latency consumer did not catch up with the topic: {consumer.errors}")
         base = consumer.count
 
         ctx = multiprocessing.get_context("spawn")

@@ -298,6 +298,7 @@ def test_a_denied_read_of_the_dead_letter_topic_names_the_grant(code, right, gra
         refusal = topic._fail(KafkaException(KafkaError(code)), waited=5)
     assert isinstance(refusal, AccessDeniedError) and refusal.right == right and refusal.exit_code == 2
     assert grant in refusal.message and "broker is up" not in refusal.message
+    assert "prefixed" not in refusal.message  # the group is named in full
 
 
 def test_any_other_failure_to_read_it_is_still_about_reaching_the_broker():

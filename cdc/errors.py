@@ -50,6 +50,8 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── PermanentError            raised by a handler: never processable; to the service's dead-letter topic
 │   └── RetriesExhaustedError     a RetryableError outlasted the retry policy: the consumer stops, unacked
 └── CheckpointError               the acknowledgement bookkeeping was asked something impossible
+    └── HistoryDivergedError      exactly-once: the checkpoint's last transaction is not in this server's WAL
+                                  (a restored snapshot): the stream restarts from the slot, skipping nothing
 ```
 """
 
@@ -100,6 +102,7 @@ __all__ = [
     "StartupRefusal",
     "TopicMissingError",
     "WalLevelError",
+    "HistoryDivergedError",
 ]
 
 
@@ -348,6 +351,12 @@ class RetriesExhaustedError(ConsumerError):
 
 class CheckpointError(CdcError):
     pass
+
+
+class HistoryDivergedError(CheckpointError):
+    """Exactly-once: the server's WAL passed the checkpoint without the checkpoint's own transaction (its
+    end LSN, xid and commit time): the server is a restored copy, and its transactions below the checkpoint
+    are new. Never ends the run: the stream restarts from the slot and skips nothing below that checkpoint."""
 
 
 def first_line(exc: BaseException) -> str:

@@ -28,11 +28,11 @@ from cdc.errors import (
 )
 from cdc.pg import connect, database_dsn
 from cdc.stream import failover
+from cdc.stream.checkpoint_topic import forget_checkpoint, read_checkpoint
 from cdc.stream.heartbeat import heartbeat_table
 from cdc.stream.preflight import slot_identity
 from cdc.stream.progress import checkpoint_table, read_position
 from cdc.stream.source import quote_ident
-from cdc.stream.transactions import forget_checkpoint, read_checkpoint
 
 log = logging.getLogger("cdc.status")
 

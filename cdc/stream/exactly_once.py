@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 from typing import NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
 
 from cdc.errors import (
     DeliveryError,
+    HistoryDivergedError,
     ProducerFencedError,
     SinkError,
     TransactionAbortedError,
     format_lsn,
 )
 from cdc.stream.checkpoint import AckLatency, AckTracker
+from cdc.stream.checkpoint_topic import CHECKPOINT_TOPIC_CONFIG, read_checkpoint
 from cdc.stream.delivery import Delivery
 from cdc.stream.identity import ServerIdentity, SkipBound, SlotIdentity
 from cdc.stream.transactions import (
@@ -30,7 +33,6 @@ from cdc.stream.transactions import (
     Checkpoint,
     classify,
     database_of,
-    read_checkpoint,
     transactional_id,
 )
 
@@ -49,6 +51,11 @@ class ExactlyOnce(Delivery):
     _checkpoint_stale: bool  # read it from Kafka before the next session streams
     _skip_below: int  # source transactions that commit below this LSN are in Kafka already
     _skipping: bool
+    # The skip is provisional until the checkpoint's own transaction is read back from the slot (the slot
+    # is held at _hold meanwhile); a checkpoint found not to be of this server's history is _foreign.
+    _verify: Checkpoint | None
+    _hold: int
+    _foreign: Checkpoint | None
     kafka_commits: int
     kafka_aborts: int
     skipped_transactions: int
@@ -66,8 +73,9 @@ class ExactlyOnce(Delivery):
                     self.slot_identity.key.decode(),
                 )
             self.slot_identity = slot
+            self._foreign = None
             self.sink.become_transactional(transactional_id(s, server.system_id))
-            self.sink.ensure_compacted_topic(s.checkpoint_topic)
+            self.sink.ensure_compacted_topic(s.checkpoint_topic, CHECKPOINT_TOPIC_CONFIG)
             self._checkpoint_stale = True
         if self._checkpoint_stale:
             try:
@@ -84,16 +92,69 @@ class ExactlyOnce(Delivery):
                 s.checkpoint_topic,
                 slot.key.decode(),
             )
-        bound = self.checkpoint.holds(server) if self.checkpoint else SkipBound(0)
+        checkpoint = self.checkpoint
+        bound = checkpoint.holds(server) if checkpoint else SkipBound(0)
+        if checkpoint is not None and checkpoint == self._foreign:
+            bound = SkipBound(
+                0,
+                f"checkpoint {format_lsn(checkpoint.end_lsn)} is not of this server's history: nothing is "
+                "skipped below it",
+            )
         if bound.note:
             log.warning("exactly-once: %s", bound.note)
         self._skip_below = bound.lsn
         self._skipping = False
-        self._kafka_safe_lsn = self.tracker.confirmed_lsn
+        self._kafka_safe_lsn = self._hold = self.tracker.confirmed_lsn
+        # An LSN cannot tell two histories with one system identifier and timeline apart (a server restored
+        # from a disk snapshot writes new transactions at the LSNs of the lost ones): the skip holds only
+        # once the checkpoint's own transaction comes back from the slot. Until then nothing is confirmed
+        # past the slot's position, and should the WAL pass the checkpoint without it, nothing is skipped.
+        held = checkpoint is not None and bound.lsn == checkpoint.end_lsn > self._hold
+        self._verify = checkpoint if held else None
+
+    def _source_commit_read(self, end_lsn: int, xid: int, commit_time_us: int) -> None:
+        """A source transaction ended at ``end_lsn``, while the skip is provisional: the checkpoint's own
+        transaction makes it sure; any other one at or past the checkpoint shows another history."""
+        verify = self._verify
+        assert verify is not None
+        if end_lsn < verify.end_lsn:
+            return
+        if not verify.is_transaction(end_lsn, xid, commit_time_us):
+            self._diverged(f"transaction {xid} ends at {format_lsn(end_lsn)}")
+        self._verify = None
+        log.info(
+            "exactly-once: the checkpoint's last transaction (%s, xid %s) is in this server's WAL: the %d "
+            "source transactions skipped below it are in Kafka",
+            format_lsn(end_lsn),
+            xid,
+            self.skipped_transactions,
+        )
+
+    def _passed_checkpoint(self, wal_end: int) -> None:
+        """A keepalive while the skip is provisional and no source transaction is open: the server has sent
+        everything up to ``wal_end``."""
+        verify = self._verify
+        if verify is not None and wal_end >= verify.end_lsn:
+            self._diverged(f"the server sent its WAL up to {format_lsn(wal_end)}")
+
+    def _diverged(self, what: str) -> NoReturn:
+        verify = self._verify
+        assert verify is not None
+        self._verify = None
+        self._foreign = verify
+        raise HistoryDivergedError(
+            f"checkpoint {format_lsn(verify.end_lsn)} (transaction {verify.xid} committed at "
+            f"{_iso(verify.commit_time_us)}) is not of this server's history: {what} without it. The "
+            "server was restored from a copy (a disk snapshot, a VM rollback) and wrote other transactions "
+            "at those LSNs; the stream restarts from the slot and skips nothing below the checkpoint",
+            lsn=self._hold,
+        )
 
     def _begin_source_transaction(self, commit_lsn: int) -> None:
         """A Begin: skip the source transaction when a committed Kafka transaction holds it, else make sure
         a Kafka transaction is open for its events."""
+        if self._verify is not None and commit_lsn >= self._verify.end_lsn:
+            self._diverged(f"a transaction commits at {format_lsn(commit_lsn)}")
         self._skipping = commit_lsn < self._skip_below
         if self._skipping:
             self.skipped_transactions += 1
@@ -115,7 +176,9 @@ class ExactlyOnce(Delivery):
         if ktx.events:
             server, slot = self.server, self.slot_identity
             assert server is not None and slot is not None  # set before the first Kafka transaction began
-            checkpoint = Checkpoint(ktx.last_end_lsn, ktx.last_commit_us, server.system_id, server.timeline)
+            checkpoint = Checkpoint(
+                ktx.last_end_lsn, ktx.last_commit_us, server.system_id, server.timeline, ktx.last_xid
+            )
             value = checkpoint.encode(slot, database=database_of(s))
             self.sink.produce_checkpoint(s.checkpoint_topic, slot.key, value, self._keep_alive)
         deadline = time.monotonic() + s.delivery_timeout
@@ -159,6 +222,9 @@ class ExactlyOnce(Delivery):
             self.kafka_aborts += 1
         self.tracker = AckTracker(confirmable, latency=self.latency)
         self._txn = None
+        # An abort taken for failed may have committed (the coordinator finishes what a new producer's
+        # init_transactions() finds): what Kafka holds decides what the next session skips.
+        self._checkpoint_stale = True
 
     def _abort_kafka(self, reason: DeliveryError) -> NoReturn:
         """Abort the open Kafka transaction, then raise ``reason``."""
@@ -196,3 +262,7 @@ class ExactlyOnce(Delivery):
             self._commit_kafka()
             return
         self._abort_kafka(TransactionAbortedError("a source transaction was cut short"))
+
+
+def _iso(epoch_us: int) -> str:
+    return datetime.fromtimestamp(epoch_us / 1e6, tz=UTC).isoformat()

@@ -21,6 +21,8 @@ from cdc.errors import (
     CdcError,
     DeliveryError,
     DeliveryRefusedError,
+    HistoryDivergedError,
+    ProducerFencedError,
     SlotActiveError,
     SourceConnectionError,
     TransactionAbortedError,
@@ -119,6 +121,9 @@ class Lifecycle(Reconnects, Health):
         self._kafka_safe_lsn = 0
         self._skip_below = 0  # source transactions that commit below this LSN are in Kafka already
         self._skipping = False
+        self._verify: Checkpoint | None = None  # the skip is provisional until this one is read back
+        self._hold = 0
+        self._foreign: Checkpoint | None = None  # a checkpoint found not to be of this server's history
         self.kafka_commits = 0
         self.kafka_aborts = 0
         self.skipped_transactions = 0
@@ -189,6 +194,20 @@ class Lifecycle(Reconnects, Health):
                     self._replay_after_refusal(exc)
                 except TransactionAbortedError as exc:
                     self._restart_from_checkpoint(exc, backoff)
+                except DeliveryError as exc:
+                    if not self.exactly_once or isinstance(exc, ProducerFencedError):
+                        raise
+                    # Timed out, or refused in a way no replay explains, inside a Kafka transaction (which
+                    # librdkafka then holds in its abortable state): nothing of it is read_committed, so
+                    # abort it and start again from the checkpoint, as for a commit that failed.
+                    try:
+                        self._abort_kafka(TransactionAbortedError(exc.message, lsn=exc.lsn))
+                    except TransactionAbortedError as aborted:
+                        self._restart_from_checkpoint(aborted, backoff)
+                except HistoryDivergedError as exc:
+                    # Nothing past the slot's position was confirmed: the next session reads it all again.
+                    log.warning("exactly-once: %s", exc)
+                    self._close_source()
                 except SlotActiveError as exc:
                     if first and s.on_slot_active == "wait":
                         # A standby: the slot admits one walsender, so waiting on it is the whole protocol.
@@ -265,14 +284,10 @@ class Lifecycle(Reconnects, Health):
         self._source = source
         server = source.identity
         assert server is not None  # start() asked
-        # What was acknowledged on another history (another server, a timeline left by a promotion) means
-        # nothing here: only the slot's own position counts then.
-        known = self.server is not None and (server.system_id, server.timeline) == (
-            self.server.system_id,
-            self.server.timeline,
-        )
-        acked = self.tracker.confirmed_lsn if known else 0
-        self.tracker = AckTracker(max(info.confirmed_flush_lsn, acked), latency=self.latency)
+        # The slot's own position, never what was acknowledged in an earlier session: a server restored from
+        # a disk snapshot keeps its system identifier and timeline, and its slot is back where the snapshot
+        # left it. Confirming what the lost history acknowledged would pass its new transactions unsent.
+        self.tracker = AckTracker(info.confirmed_flush_lsn, latency=self.latency)
         self.server = server
         if self.exactly_once:
             self._start_transactions(server, SlotIdentity(server.system_id, s.slot, info.created_lsn), first)

@@ -97,6 +97,8 @@ class Pipeline(Lifecycle):
                 else:
                     keepalive = decode_copy_data(data)
                     if isinstance(keepalive, Keepalive):
+                        if self._verify is not None and self._txn is None:
+                            self._passed_checkpoint(keepalive.wal_end)  # exactly-once, a provisional skip
                         self.server_wal_end = keepalive.wal_end
                         tracker.keepalive(keepalive.wal_end)
                         if heartbeat.by_keepalive:
@@ -270,11 +272,14 @@ class Pipeline(Lifecycle):
                 raise CdcError("Commit without Begin on the replication stream", lsn=message.end_lsn)
             self._txn = None
             self.tracker.commit(txn, message.end_lsn)
+            if self._verify is not None:  # exactly-once: is the skip below the checkpoint sure?
+                self._source_commit_read(message.end_lsn, txn.xid, txn.commit_time_us)
             ktx = self.ktx
             if ktx.open:  # exactly-once: the source transaction is whole in the Kafka transaction
                 ktx.events += txn.events
                 ktx.last_end_lsn = message.end_lsn
                 ktx.last_commit_us = txn.commit_time_us
+                ktx.last_xid = txn.xid
                 now = time.monotonic()
                 if ktx.due(now, draining=self._draining(now)):
                     self._commit_kafka()

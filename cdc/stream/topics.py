@@ -199,13 +199,14 @@ class Topics:
             "".join(f", {k}={v}" for k, v in (config or {}).items()),
         )
 
-    def ensure_compacted_topic(self, topic: str) -> None:
-        """The checkpoint topic: one partition, compacted (one record per slot is what is kept)."""
+    def ensure_compacted_topic(self, topic: str, config: dict[str, str]) -> None:
+        """The checkpoint topic: one partition, compacted (one record per slot is what is kept), with
+        ``config`` when it is made (:data:`cdc.stream.checkpoint_topic.CHECKPOINT_TOPIC_CONFIG`)."""
         if topic in self._known_topics:
             return
         metadata = self._metadata(topic)
         if metadata is None or metadata.error is not None:
-            self._create_topic(topic, partitions=1, config={"cleanup.policy": "compact"})
+            self._create_topic(topic, partitions=1, config=config)
         self._known_topics.add(topic)
 
 

@@ -27,28 +27,22 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc.config import DRAIN_TRANSACTION_SECONDS, Settings
 from cdc.errors import (
     DeliveryError,
     ProducerFencedError,
-    SinkError,
     TransactionAbortedError,
     format_lsn,
     parse_lsn,
 )
-from cdc.stream.access import CHECKPOINT_GROUP_PREFIX, authorization_refusal
 from cdc.stream.identity import ServerIdentity, SkipBound, SlotIdentity, skip_bound
-from cdc.stream.sink import admin_config
 
 log = logging.getLogger("cdc.transactions")
 
@@ -65,6 +59,9 @@ class Checkpoint:
     commit_time_us: int
     system_id: str | None = None
     timeline: int | None = None
+    # The last source transaction's xid (32-bit, as pgoutput gives it): with ``end_lsn`` and
+    # ``commit_time_us``, what tells it from another transaction a restored server wrote at the same LSN.
+    xid: int | None = None
 
     def encode(self, slot: SlotIdentity, *, database: str) -> bytes:
         commit_time = datetime.fromtimestamp(self.commit_time_us / 1e6, tz=UTC).isoformat()
@@ -78,18 +75,33 @@ class Checkpoint:
                 "end_lsn": format_lsn(self.end_lsn),
                 "commit_time": commit_time,
                 "commit_time_us": self.commit_time_us,
+                "xid": self.xid,
             }
         )
 
     @classmethod
     def decode(cls, value: bytes) -> Checkpoint:
-        data = orjson.loads(value)
-        timeline = data.get("timeline")
-        return cls(
-            end_lsn=parse_lsn(data["end_lsn"]),
-            commit_time_us=int(data["commit_time_us"]),
-            system_id=data.get("system_id"),
-            timeline=None if timeline is None else int(timeline),
+        """A checkpoint record's value; ValueError when it is none (whatever else it holds)."""
+        try:
+            data = orjson.loads(value)
+            timeline, xid, system_id = data.get("timeline"), data.get("xid"), data.get("system_id")
+            return cls(
+                end_lsn=parse_lsn(data["end_lsn"]),
+                commit_time_us=int(data["commit_time_us"]),
+                system_id=None if system_id is None else str(system_id),
+                timeline=None if timeline is None else int(timeline),
+                xid=None if xid is None else int(xid),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a checkpoint record: {type(exc).__name__}") from None
+
+    def is_transaction(self, end_lsn: int, xid: int, commit_time_us: int) -> bool:
+        """Whether a source transaction read from the slot is this checkpoint's last one (a checkpoint
+        written before the xid was kept compares the end LSN and the commit time)."""
+        return (
+            end_lsn == self.end_lsn
+            and commit_time_us == self.commit_time_us
+            and (self.xid is None or xid == self.xid)
         )
 
     def holds(self, server: ServerIdentity) -> SkipBound:
@@ -112,94 +124,19 @@ def transactional_id(settings: Settings, system_id: str) -> str:
     return settings.transactional_id or f"outbox-cdc.{system_id}.{settings.slot}"
 
 
-def _checkpoint_consumer(settings: Settings) -> Consumer:
-    conf: dict[str, Any] = admin_config(settings)  # the connection and security settings
-    conf.update(
-        {
-            "group.id": f"{CHECKPOINT_GROUP_PREFIX}{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "logger": log,
-        }
-    )
-    return Consumer(conf)
-
-
-def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoint | None:
-    """The latest committed checkpoint under ``key``, or None when there is none, its last record is a
-    tombstone (`cdc teardown`, `cdc recover`), or there is no topic yet."""
-    consumer = _checkpoint_consumer(settings)
-    found: Checkpoint | None = None
-    try:
-        topic = settings.checkpoint_topic
-        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if metadata is None or metadata.error is not None or not metadata.partitions:
-            return None
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
-        unread = set(metadata.partitions)
-        deadline = time.monotonic() + timeout
-        while unread:
-            if time.monotonic() > deadline:
-                raise SinkError(
-                    f"could not read the checkpoint topic {topic} within {timeout:g} s: exactly-once "
-                    "delivery cannot start without knowing what was committed"
-                )
-            for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        unread.discard(msg.partition())
-                        continue
-                    denied = authorization_refusal(settings, [err], topic=topic, operation="Read")
-                    if denied is not None:
-                        raise denied
-                    raise SinkError(f"reading the checkpoint topic {topic}: {err.str()}")
-                if msg.key() == key:
-                    record = msg.value()
-                    found = Checkpoint.decode(record) if record else None
-    except KafkaException as exc:
-        denied = authorization_refusal(settings, exc.args, topic=settings.checkpoint_topic, operation="Read")
-        if denied is not None:
-            raise denied from exc
-        raise SinkError(f"reading the checkpoint topic {settings.checkpoint_topic}: {exc}") from exc
-    finally:
-        consumer.close()
-    return found
-
-
-def forget_checkpoint(settings: Settings, key: bytes, timeout: float) -> bool:
-    """Write a tombstone for ``key``, so that the slot's old checkpoint is never read again (a slot dropped
-    or re-created). False when the checkpoint topic does not exist: there is nothing to forget."""
-    from confluent_kafka import Producer
-
-    conf: dict[str, Any] = admin_config(settings)
-    conf.update({"enable.idempotence": True, "acks": "all", "logger": log})
-    producer = Producer(conf)
-    try:
-        topic = settings.checkpoint_topic
-        metadata = producer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return False
-        failures: list[object] = []
-        producer.produce(
-            topic, None, key, on_delivery=lambda err, _msg: failures.append(err) if err else None
-        )
-        left = producer.flush(timeout)
-    except KafkaException as exc:
-        raise SinkError(
-            f"writing a tombstone to the checkpoint topic {settings.checkpoint_topic}: {exc}"
-        ) from exc
-    if left or failures:
-        reason = failures[0] if failures else f"not acknowledged within {timeout:g} s"
-        raise SinkError(f"writing a tombstone to the checkpoint topic {settings.checkpoint_topic}: {reason}")
-    return True
-
-
 class KafkaTransaction:
     """The open Kafka transaction: what it covers and when it is due for a commit."""
 
-    __slots__ = ("open", "started", "events", "last_end_lsn", "last_commit_us", "max_events", "max_age")
+    __slots__ = (
+        "open",
+        "started",
+        "events",
+        "last_end_lsn",
+        "last_commit_us",
+        "last_xid",
+        "max_events",
+        "max_age",
+    )
 
     def __init__(self, settings: Settings) -> None:
         self.open = False
@@ -207,6 +144,7 @@ class KafkaTransaction:
         self.events = 0  # records of the source transactions committed into it so far
         self.last_end_lsn = 0  # the end LSN of the last source transaction committed into it
         self.last_commit_us = 0
+        self.last_xid = 0
         self.max_events = settings.transaction_max_events
         self.max_age = settings.transaction_max_seconds
 

@@ -32,7 +32,7 @@ from cdc.stream.progress import PositionWriter
 from cdc.stream.refusals import GAPLESS_STOP, RefusalLedger, error_code, error_text
 from cdc.stream.sink import Headers, KafkaSink
 from cdc.stream.source import ReplicationSource
-from cdc.stream.transactions import KafkaTransaction
+from cdc.stream.transactions import Checkpoint, KafkaTransaction
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -97,6 +97,8 @@ class Waits:
     # cover, beyond which the slot may not be confirmed while a Kafka transaction is open.
     ktx: KafkaTransaction
     _kafka_safe_lsn: int
+    _verify: Checkpoint | None  # a skip below this checkpoint is provisional (cdc.stream.exactly_once)
+    _hold: int  # the slot's position, where confirming stops while the skip is provisional
     # Liveness and readiness (/healthz, /readyz): when the stream's loop (or a wait of it) last turned, and
     # when Kafka last acknowledged something (monotonic); acked_seen is the acknowledgement count then.
     turned_at: float
@@ -132,6 +134,8 @@ class Waits:
         confirmed = self.tracker.confirmed_lsn
         if self.ktx.open and confirmed > self._kafka_safe_lsn:
             return self._kafka_safe_lsn
+        if self._verify is not None and confirmed > self._hold:
+            return self._hold  # a provisional skip: nothing past the slot's position until it is sure
         return confirmed
 
     def _ensure_topic(self, topic: str) -> None:

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from cdc.ops import setup as cdc_setup
+from cdc.stream.checkpoint_topic import read_checkpoint
 from cdc.stream.preflight import slot_identity
-from cdc.stream.transactions import read_checkpoint
 from tests.integration.stream.test_exactly_once import ids, read_all
 from tests.plugins.pgcluster import extra_cluster, standby_pair
 from tests.plugins.pipeline import Outbox, cdc, wait_until

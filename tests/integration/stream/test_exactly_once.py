@@ -298,3 +298,73 @@ def test_a_commit_kafka_completed_after_it_was_taken_for_failed_is_not_published
     assert set(seen) == expected_ids(outbox), "events missing"
     assert max(seen.values()) == 1, f"published twice: {seen.most_common(3)}"
     assert proc.terminate() == 0, proc.tail()
+
+
+def test_a_commit_taken_for_failed_when_postgresql_is_lost_is_not_published_again(
+    outbox: Outbox, pipeline_process, eo, proxied_kafka
+):
+    """PostgreSQL is lost with a Kafka transaction open: the pipeline commits it before reconnecting, Kafka
+    answers after delivery_timeout, the commit is taken for failed, and a new producer lets the coordinator
+    finish it. The abort was swallowed without reading the checkpoint back, so the next session skipped only
+    below the old one and published the committed events again (issue 42, item 3)."""
+    broker, proxy = proxied_kafka
+    env = {
+        **eo,
+        "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "CDC_DELIVERY_TIMEOUT": "1",
+        "CDC_TRANSACTION_MAX_SECONDS": "60",  # the Kafka transaction stays open until the source goes
+    }
+    proc = pipeline_process(**env)
+    proc.wait_for_log(r"exactly-once: transactional id")
+    outbox.commit([outbox.event(f"r-{i % 3}") for i in range(10)])
+    wait_until(lambda: outbox.received_lsn() >= outbox.transactions[-1].lsn_after, 30, "the events read")
+
+    proxy.hold_next(END_TXN, 4.0)
+    outbox.conn.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s",
+        (outbox.slot,),
+    )
+    assert proxy.held.wait(30), "no commit went through the proxy"
+    proc.wait_for_log(r"resuming after confirmed LSN .* \(reconnected\)", 60)
+    last = outbox.commit([outbox.event(f"r-{i % 3}") for i in range(5)])
+    wait_until(lambda: outbox.received_lsn() >= last.lsn_after, 30, "the last one read")
+    assert proc.terminate() == 0, proc.tail()  # commits the open Kafka transaction
+    assert outbox.confirmed_lsn() >= last.lsn_after
+    seen = ids(read_all(broker.bootstrap, outbox.topic("order")))
+    assert set(seen) == expected_ids(outbox), "events missing"
+    assert max(seen.values()) == 1, f"published twice: {seen.most_common(3)}"
+
+
+def test_a_transaction_kafka_can_no_longer_commit_is_aborted_and_the_run_goes_on(
+    outbox: Outbox, pipeline_process, eo, proxied_kafka
+):
+    """Kafka goes silent for longer than delivery_timeout under load: records time out inside the Kafka
+    transaction, which librdkafka then holds in its abortable state (produce() says "Erroneous state").
+    The pipeline exited 1 on it and left the restart to a supervisor; it aborts the transaction and starts
+    again from the checkpoint Kafka holds, in the process (issue 42, item 8)."""
+    broker, proxy = proxied_kafka
+    env = {
+        **eo,
+        "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "CDC_DELIVERY_TIMEOUT": "2",
+        "CDC_TRANSACTION_MAX_SECONDS": "20",  # no commit while Kafka is silent: records time out in it
+    }
+    proc = pipeline_process(**env)
+    proc.wait_for_log(r"exactly-once: transactional id")
+    outbox.commit([outbox.event(f"a-{i % 5}") for i in range(20)])
+    time.sleep(1)
+
+    proxy.freeze(new_too=True)
+    frozen_at = time.monotonic()
+    while time.monotonic() - frozen_at < 5:
+        outbox.commit([outbox.event(f"a-{i % 5}") for i in range(50)])
+        time.sleep(0.05)
+    proxy.thaw()
+    proc.wait_for_log(r"restarting in .* from the checkpoint that Kafka holds", 60)
+    last = outbox.commit([outbox.event(f"a-{i % 5}") for i in range(20)])
+    wait_until(lambda: outbox.confirmed_lsn() >= last.lsn_after, 90, "the slot confirmed the last one")
+    assert proc.alive(), proc.tail()
+    seen = ids(read_all(broker.bootstrap, outbox.topic("order")))
+    assert set(seen) == expected_ids(outbox), "events missing"
+    assert max(seen.values()) == 1, f"published twice: {seen.most_common(3)}"
+    assert proc.terminate() == 0, proc.tail()

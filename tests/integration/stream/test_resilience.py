@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import psycopg
+import pytest
 
-from tests.plugins.pipeline import topic_size, wait_until
+from cdc.errors import parse_lsn
+from tests.plugins.pipeline import Outbox, topic_size, wait_until
 
 
 def ids_of(records) -> list[str]:
@@ -76,3 +78,28 @@ def test_timed_out_delivery_stops_with_exit_1_without_confirming_past_it(
     assert set(lost.ids) <= {r.headers["id"].decode() for r in records}
     wait_until(lambda: outbox.confirmed_lsn() >= lost.lsn_after, 30, "the redelivered events to be confirmed")
     assert proc2.terminate() == 0
+
+
+@pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
+def test_the_saved_position_is_written_at_shutdown(outbox: Outbox, pipeline_process, unique_name, delivery):
+    """A clean stop confirms what Kafka acknowledged to the slot, and saves it for `cdc recover` too: the
+    saved position is otherwise up to status_interval behind, which a lost slot pays in duplicates."""
+    checkpoints = unique_name("ckpt")
+    outbox.topics.append(checkpoints)
+    proc = pipeline_process(
+        CDC_STATUS_INTERVAL="20",
+        CDC_DELIVERY=delivery,
+        CDC_CHECKPOINT_TOPIC=checkpoints,
+    )
+    proc.wait_streaming()
+    first = outbox.commit([outbox.event("s-1")])
+    wait_until(lambda: outbox.confirmed_lsn() >= first.lsn_after, 30, "the first event confirmed")
+    last = outbox.commit([outbox.event("s-2")])
+    wait_until(lambda: outbox.received_lsn() >= last.lsn_after, 30, "the last event read")
+    assert proc.terminate() == 0, proc.tail()
+    row = outbox.conn.execute(
+        "SELECT confirmed_lsn::text, commit_time FROM public.cdc_checkpoint WHERE slot = %s", (outbox.slot,)
+    ).fetchone()
+    assert row is not None and row[0] is not None, "no position saved"
+    assert parse_lsn(row[0]) == outbox.confirmed_lsn() >= last.lsn_after - 1, (row, outbox.slot_lsns())
+    assert row[1] >= last.created_at, (row, last.created_at)

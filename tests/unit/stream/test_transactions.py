@@ -33,6 +33,26 @@ def test_the_checkpoint_round_trips_with_the_wal_history_it_was_written_on():
     assert Checkpoint.decode(value) == cp
 
 
+def test_the_checkpoint_keeps_its_last_transactions_xid_and_reads_one_written_without_it():
+    cp = Checkpoint(0x1A8A248, 1_796_000_000_123_456, "7412", 1, xid=3555)
+    value = cp.encode(SlotIdentity("7412", "cdc_outbox", None), database="shop")
+    assert b'"xid":3555' in value and Checkpoint.decode(value) == cp
+    older = value.replace(b',"xid":3555', b"")
+    assert Checkpoint.decode(older) == Checkpoint(0x1A8A248, 1_796_000_000_123_456, "7412", 1, xid=None)
+
+
+def test_a_transaction_read_back_is_the_checkpoints_only_with_its_end_xid_and_commit_time():
+    """A restored server writes other transactions at the same LSNs: the end LSN alone proves nothing."""
+    cp = Checkpoint(0x1A8A248, 1_796_000_000_123_456, "7412", 1, xid=3555)
+    assert cp.is_transaction(0x1A8A248, 3555, 1_796_000_000_123_456)
+    assert not cp.is_transaction(0x1A8A248, 3555, 1_796_000_000_123_457)  # committed at another time
+    assert not cp.is_transaction(0x1A8A248, 3556, 1_796_000_000_123_456)  # another transaction
+    assert not cp.is_transaction(0x1A8A250, 3555, 1_796_000_000_123_456)  # ends elsewhere
+    legacy = Checkpoint(0x1A8A248, 1_796_000_000_123_456, "7412", 1)
+    assert legacy.is_transaction(0x1A8A248, 9, 1_796_000_000_123_456)  # no xid kept: end and time decide
+    assert not legacy.is_transaction(0x1A8A248, 9, 1_796_000_000_000_000)
+
+
 def test_ids_and_keys_come_from_the_server_and_the_slot_not_the_url():
     s = settings()
     assert database_of(s) == "shop"  # for people reading the checkpoint only

@@ -1,19 +1,21 @@
 """The README and docs/ name things that must exist: every relative link resolves (to a file, and to a heading
 when it has an anchor), every `make X` is a target of the Makefile, every `cdc X` is a command with the
-options shown beside it, every `cdc_*` metric or table is in the code, every `CDC_*` variable is a setting or
-the tooling's; and the README's example configuration loads as written (docs/design.md's settings table is
-checked by test_design_doc.py)."""
+options shown beside it, every `key = value` names a setting, every `cdc_*` metric or table is in the code,
+every `CDC_*` variable is a setting or the tooling's; and the README's example configuration loads as
+written (docs/design.md's settings table is checked by test_design_doc.py)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import click
 import pytest
 
 from cdc.cli import main
+from cdc.config import ColumnMap, Settings
 from cdc.config_loader import _ENV, _TOOLING_ENV, load_settings
 from cdc.errors import ConfigError
 
@@ -151,6 +153,39 @@ def test_every_cdc_metric_and_table_is_in_the_code(doc):
         if f'"{base}' not in code and f"'{base}" not in code and not re.search(rf"\b{base}\b", code):
             unknown.add(name)
     assert not unknown, f"{doc_id(doc)} names what the code does not have: {sorted(unknown)}"
+
+
+# `name = value` in the docs that is not ours: PostgreSQL's settings and catalog columns, the TOML of a column
+# map, setuptools-rust's key (compiled-loop.md).
+NOT_SETTINGS = {
+    "wal_level",
+    "track_commit_timestamp",
+    "hot_standby_feedback",
+    "log_replication_commands",
+    "primary_conninfo",
+    "primary_slot_name",
+    "sync_replication_slots",
+    "synchronized_standby_slots",
+    "failover",
+    "wal_status",
+    "rolname",
+    "preset",
+    "optional",
+}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=doc_id)
+def test_every_setting_written_as_key_equals_value_exists(doc):
+    ours = {f.name for f in fields(Settings)} | {f.name for f in fields(ColumnMap)}
+    prose, _ = split(doc)
+    named = {
+        key
+        for paragraph in "\n".join(prose).split("\n\n")
+        for span in re.findall(r"`([^`]+)`", paragraph)
+        for key in re.findall(r"(?:^|[\s{,(])([a-z][a-z0-9_]*) = ", span)
+    }
+    unknown = named - ours - NOT_SETTINGS
+    assert not unknown, f"{doc_id(doc)} sets what is no setting: {sorted(unknown)}"
 
 
 def tooling_text() -> str:

@@ -17,6 +17,11 @@ checkpoint (:mod:`cdc.stream.transactions`) carries the history it was written o
 are in Kafka already. A checkpoint it cannot vouch for (another timeline not in the history, a position the
 server has not even written) holds nothing: the price is duplicates, never a skipped event.
 
+None of these tells two histories with one system identifier and timeline apart: a server restored from a
+disk snapshot keeps both, and writes new transactions at the LSNs of the lost ones. A bound that is the
+checkpoint itself is therefore provisional until the checkpoint's own transaction (end LSN, xid, commit
+time) is read back from the slot (:mod:`cdc.stream.exactly_once`); this module only says where.
+
 Pure: the replication connection (:mod:`cdc.stream.source`) asks the server, this module decides.
 """
 
@@ -122,6 +127,7 @@ def skip_bound(
         return SkipBound(
             0,
             f"{where} is past this server's end of WAL {format_lsn(server.flush_lsn)}, so it was written on "
-            "another history (a restored or rebuilt cluster): nothing is skipped",
+            "another history (a restored or rebuilt cluster that has not written as much yet): nothing is "
+            "skipped",
         )
     return SkipBound(bound, note)

@@ -3,6 +3,11 @@ own lines (logger ``cdc.kafka``) throttled.
 
 Nothing here redacts: the rule is that payloads, passwords and DSNs are never handed to a logger in the first
 place (``config.describe_dsn`` gives the loggable form of a DSN).
+
+A row is data, never control: what comes from an outbox row (an id, an event type, a topic made of its
+names) is shown through :func:`shown` (quoted, cut short), and both formatters escape whatever control,
+line-breaking or bidirectional characters a message still holds and cut it at :data:`MAX_MESSAGE`, so that
+no value can end a log line, forge the next one, or drive the terminal of whoever reads the log.
 """
 
 from __future__ import annotations
@@ -15,6 +20,46 @@ from collections.abc import Callable
 
 import orjson
 
+SHOWN_LIMIT = 60  # characters of a row's value in a message
+MAX_MESSAGE = 2000  # characters of one log message; the rest is cut, and the cut said
+# C0 and C1 controls (newlines, ESC, BEL), DEL, the line and paragraph separators, and the invisible format
+# characters that reorder or hide text (bidi embeddings, overrides and isolates, zero-width marks, the BOM).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]")
+
+
+def shown(value: str | bytes | None, limit: int = SHOWN_LIMIT) -> str:
+    """A value from a row, for a message: quoted (so that it cannot pass for the message's own words), its
+    control and format characters escaped, cut to ``limit`` characters with the cut said."""
+    if value is None:
+        return "(none)"
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    cut = len(text) - limit
+    quoted = repr(text[:limit] if cut > 0 else text)  # repr escapes what is not printable
+    return f"{quoted}... (+{cut} characters)" if cut > 0 else quoted
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_message(message: str) -> str:
+    """One line, whatever the message holds: control and format characters escaped, cut at MAX_MESSAGE."""
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE} characters cut)"
+    return _UNSAFE.sub(_escape, message)
+
+
+class TextFormatter(logging.Formatter):
+    """``<time> <level> <logger>: <message>``, the message made safe (a traceback keeps its lines)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = safe_message(record.message)
+        return super().formatMessage(record)
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -23,7 +68,7 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": safe_message(record.getMessage()),
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -35,7 +80,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -40,6 +40,7 @@ from cdc.avro.catalog import check_schemas
 from cdc.avro.encoder import AvroEncoder
 from cdc.avro.store import AVRO_NAME, SchemaStore, StoredSchema
 from cdc.errors import ConfigError, EventError, SchemaNotFoundError
+from cdc.logs import shown
 
 __all__ = ["RELOAD_INTERVAL", "SchemaSet", "SealedStore"]
 
@@ -183,7 +184,7 @@ class SchemaSet:
         if len(self._missed) >= MAX_MISSES:
             self._missed.clear()  # bounded: a stream of made-up event types must not grow the process
         self._missed[key] = now
-        return self.reload(f"no schema loaded for {event_type} v{version}")
+        return self.reload(f"no schema loaded for {shown(event_type)} v{version}")
 
     def reload(self, why: str) -> bool:
         """Re-read the directory now; True when the new snapshot is in use (something was added)."""

@@ -32,6 +32,7 @@ from cdc.errors import (
     RegistryUnavailableError,
     RetriesExhaustedError,
 )
+from cdc.logs import shown
 
 log = logging.getLogger("cdc.consumer")
 
@@ -112,7 +113,9 @@ class Records:
     def _count(self, event: Event, new: bool) -> None:
         self.counts["processed" if new else "duplicate"] += 1
         if not new:
-            log.info("event %s was processed before: acknowledged without calling the handler", event.id)
+            log.info(
+                "event %s was processed before: acknowledged without calling the handler", shown(event.id)
+            )
 
     def _process(
         self, message: Any, event: Event | None = None, first_error: BaseException | None = None
@@ -144,7 +147,7 @@ class Records:
             except Exception as exc:
                 error = None
                 what = classify(exc)
-                where = f"event {event.id} ({event.event_type}) at {_at(message)}"
+                where = f"event {shown(event.id)} ({shown(event.event_type)}) at {_at(message)}"
                 if what == "crash":
                     log.error(
                         "handler failed on %s: %s; rolled back, offset not committed", where, _name(exc)

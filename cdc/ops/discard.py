@@ -19,7 +19,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from cdc.config import Settings
 from cdc.errors import DeadLetterError
-from cdc.logs import kafka_log
+from cdc.logs import kafka_log, shown
 from cdc.ops.dlq import (
     DISCARD_REASON,
     DISCARDED_BY,
@@ -71,7 +71,7 @@ def discard(settings: Settings, ids: Sequence[str], *, reason: str, by: str) -> 
         scan.resolved.update(target for target, _ in targets)
         dlq.commit(scan.resume_offsets(markers))
     for record in chosen:
-        log.info("discarded dead letter %s by %s", record.id, by)
+        log.info("discarded dead letter %s by %s", shown(record.id), by)
     return chosen
 
 

@@ -19,7 +19,7 @@ from cdc.avro.encoder import confluent_header
 from cdc.avro.reload import SchemaSet
 from cdc.config import Settings
 from cdc.errors import AccessDeniedError, DeadLetterError, EventError, MalformedEventError, SinkError
-from cdc.logs import kafka_log
+from cdc.logs import kafka_log, shown
 from cdc.ops.dlq import (
     REPLAYED_FROM,
     REPLAYED_TO,
@@ -130,7 +130,7 @@ class _Replayer:
             except EventError as exc:  # still the event's fault (too large included): it stays
                 result.outcomes.append(Outcome(record.id, record.position, "", exc.reason, exc.message))
             except SinkError as exc:  # infrastructure (registry down, topic missing): stop here
-                failure = f"replaying {record.id} failed: {exc}"
+                failure = f"replaying {shown(record.id)} failed: {exc}"
                 break
         # Flushed and judged even after a failure: what Kafka acknowledged is marked, not published twice.
         acked = self._acked(sink.flush, reports, len(ready))

@@ -23,6 +23,7 @@ from cdc.errors import (
     EventTooLargeError,
     MalformedEventError,
 )
+from cdc.logs import shown
 from cdc.stream.refusals import error_text, record_digest, worst_case_size
 from cdc.stream.route import OutboxEvent, parse_headers
 from cdc.stream.sink import DeliveryCallback, Headers, ProducerStoppedError
@@ -88,8 +89,8 @@ class Delivery(Waits):
             raise exc
         log.warning(
             "event %s (%s v%d) goes to the dead-letter topic %s: %s",
-            event.id,
-            event.event_type,
+            shown(event.id),
+            shown(event.event_type),
             event.schema_version,
             self.settings.dlq_topic,
             exc.reason,
@@ -111,7 +112,7 @@ class Delivery(Waits):
         event_id = salvaged.get("id", b"").decode(errors="replace")
         log.warning(
             "a malformed outbox change (event %s) goes to the dead-letter topic %s: %s",
-            event_id or "without an id",
+            shown(event_id) if event_id else "without an id",
             self.settings.dlq_topic,
             exc,
         )
@@ -210,7 +211,7 @@ def _iso_ms(epoch_ms: int) -> bytes:
 def _traced(delivered: DeliveryCallback, event_id: str | bytes | None) -> DeliveryCallback:
     """``delivered``, with a DEBUG line per report first: grep an event id in the log to see where it went.
     (A delivery report carries no headers, so the id comes with the closure.)"""
-    text = event_id.decode(errors="replace") if isinstance(event_id, bytes) else str(event_id or "")
+    text = shown(event_id)
 
     def on_delivery(err: Any, msg: Any) -> None:
         if err is None:

@@ -244,7 +244,7 @@ def test_the_same_record_twice_gives_one_invoice(rig):
     rig.wait_committed(3)
     assert rig.invoices_per_order() == {"o-twice": 1, "o-other": 1}
     assert sorted(rig.processed_ids()) == sorted([twice.event_id, other.event_id])
-    service.wait_for_log(rf"event {twice.event_id} was processed before")
+    service.wait_for_log(rf"event '{twice.event_id}' was processed before")
     assert service.terminate(30) == 0
 
 

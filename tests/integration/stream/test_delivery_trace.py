@@ -22,13 +22,13 @@ def test_debug_log_says_where_each_event_went_and_never_what_it_carried(outbox, 
     log = proc.log()
     for record in records:
         line = (
-            f"event {record.headers['id'].decode()} acknowledged: {record.topic} [{record.partition}] "
+            f"event '{record.headers['id'].decode()}' acknowledged: {record.topic} [{record.partition}] "
             f"@ {record.offset}"
         )
         assert line in log, f"no delivery line for {line!r}"
     dead = consume(outbox.dlq_topic, 1, timeout=30)
     assert re.search(
-        rf"event {bad.id} acknowledged: {re.escape(outbox.dlq_topic)} \[{dead[0].partition}\] @ ", log
+        rf"event '{bad.id}' acknowledged: {re.escape(outbox.dlq_topic)} \[{dead[0].partition}\] @ ", log
     )
     assert MARKER not in log
     assert proc.terminate() == 0

@@ -50,7 +50,9 @@ def test_a_version_added_while_streaming_is_published_a_broken_one_is_not_and_si
     assert record.headers["schema_version"] == b"3"
     assert decode_value(SchemaStore(schemas), record.value) == ("OrderPlaced", 3, {**v3, "coupon": None})
     assert topic_size(kafka_bootstrap, outbox.dlq_topic) == 0, "published, not dead-lettered"
-    proc.wait_for_log(r"re-read \S+ \(no schema loaded for OrderPlaced v3\): 5 schemas, new: OrderPlaced v3")
+    proc.wait_for_log(
+        r"re-read \S+ \(no schema loaded for 'OrderPlaced' v3\): 5 schemas, new: OrderPlaced v3"
+    )
     time.sleep(RELOAD_GAP)  # the throttle: misses re-read at most once a second in all
 
     write_version(schemas, 4, CHANNEL, REGION_REQUIRED)  # fails BACKWARD: not used

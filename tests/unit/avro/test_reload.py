@@ -56,7 +56,7 @@ def test_a_miss_rereads_the_directory_throttled_per_version_and_in_all(schemas: 
     assert loaded.reload_on_miss("OrderPlaced", 3) is True
     assert len(loaded) == 5
     assert loaded.encoder.encoder_for("OrderPlaced", 3)(json.dumps(payload(channel="web")))
-    assert "(no schema loaded for OrderPlaced v3): 5 schemas, new: OrderPlaced v3" in caplog.text
+    assert "(no schema loaded for 'OrderPlaced' v3): 5 schemas, new: OrderPlaced v3" in caplog.text
 
     shipped_v2 = schemas / "OrderShipped" / "v2.avsc"
     clock.now += 0.5

@@ -27,6 +27,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── PayloadInvalidError       the payload does not fit its schema (or is not JSON)
 │   ├── SchemaRejectedError       the schema registry refused the event's schema (incompatible, invalid)
 │   ├── InvalidTopicError         the event's aggregate / event type makes no legal Kafka topic name
+│   │   └── ReservedTopicError    ... or names a topic the pipeline owns (dead letters, checkpoints, Kafka's)
 │   ├── AggregateTypeNotAllowedError  the aggregate type is not in the aggregate_types allow-list
 │   ├── EventTooLargeError        the record is above the producer's message.max.bytes or the topic's limit
 │   └── EventRefusedError         Kafka refused the record itself (INVALID_RECORD, INVALID_TIMESTAMP)
@@ -88,6 +89,7 @@ __all__ = [
     "RecoveryRefusedError",
     "RecoveryUnfinishedError",
     "RegistryUnavailableError",
+    "ReservedTopicError",
     "RetriesExhaustedError",
     "RetryableError",
     "SchemaCompatibilityError",
@@ -242,6 +244,13 @@ class EventRefusedError(EventError):
 
 class InvalidTopicError(EventError):
     reason = "invalid_topic"
+
+
+class ReservedTopicError(InvalidTopicError):
+    """The event's names make the name of a topic the pipeline writes for itself (the dead-letter or the
+    checkpoint topic) or of one of Kafka's internal topics: a row must never write into those."""
+
+    reason = "reserved_topic"
 
 
 class AggregateTypeNotAllowedError(EventError):

@@ -18,7 +18,14 @@ from confluent_kafka import KafkaError, Message, Producer
 from cdc.avro.encoder import confluent_header
 from cdc.avro.reload import SchemaSet
 from cdc.config import Settings
-from cdc.errors import AccessDeniedError, DeadLetterError, EventError, MalformedEventError, SinkError
+from cdc.errors import (
+    AccessDeniedError,
+    DeadLetterError,
+    EventError,
+    MalformedEventError,
+    ReservedTopicError,
+    SinkError,
+)
 from cdc.logs import kafka_log, shown
 from cdc.ops.dlq import (
     REPLAYED_FROM,
@@ -33,6 +40,7 @@ from cdc.ops.dlq import (
     refused_writes,
     split_headers,
 )
+from cdc.stream.route import KAFKA_INTERNAL_PREFIX, owned_topics
 from cdc.stream.sink import Headers, KafkaSink, producer_config
 
 if TYPE_CHECKING:
@@ -105,6 +113,9 @@ class _Replayer:
             exc = EventError("the dead-letter record has no payload (none is kept for this reason)")
             exc.reason = record.header("error_reason") or "malformed_event"
             raise exc
+        owned = owned_topics(self.settings)
+        if topic in owned or topic.startswith(KAFKA_INTERNAL_PREFIX):
+            raise ReservedTopicError(f"its original topic {shown(topic)} is one the pipeline or Kafka owns")
         try:
             version = int(record.header("schema_version"))
         except ValueError:

@@ -39,7 +39,7 @@ from cdc.stream.preflight import preflight
 from cdc.stream.progress import PositionWriter, checkpoint_table, settle_partitioner
 from cdc.stream.reconnect import Reconnects
 from cdc.stream.refusals import RefusalLedger
-from cdc.stream.route import EventRouter, Route
+from cdc.stream.route import EventRouter, Route, template_clashes
 from cdc.stream.sink import Headers, KafkaSink
 from cdc.stream.slot_watch import SlotWatch
 from cdc.stream.source import ReplicationSource
@@ -168,6 +168,8 @@ class Lifecycle(Reconnects, Health):
             s.table,
             s.kafka.bootstrap_servers,
         )
+        for clash in template_clashes(s):
+            log.warning("%s", clash)
         try:
             self.sink.check_broker(s.startup_timeout)
             self.sink.ensure_dead_letter_topic(s.dlq_topic)

@@ -25,7 +25,7 @@ import orjson
 
 from cdc import fastpath
 from cdc.config import ColumnMap, Settings
-from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError
+from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError, ReservedTopicError
 from cdc.stream.pgoutput import UNCHANGED_TOAST, Relation, Values
 
 log = logging.getLogger("cdc.route")
@@ -65,6 +65,7 @@ class EventRouter:
         self._schema = settings.table.schema
         self._table = settings.table.name
         self._template = settings.topic_template
+        self._owned = owned_topics(settings)
         self._topics: dict[tuple[str, str], str] = {}
         self.outbox_oid: int | None = None
         # Positions of the logical fields in the table's tuples, set by the Relation message.
@@ -230,6 +231,13 @@ class EventRouter:
                     f"aggregate type {_shown(aggregate_type)} and event type {_shown(event_type)} make the "
                     f"topic name {_shown(topic)}, which Kafka does not accept ([A-Za-z0-9._-], 1 to 249)"
                 )
+            if topic in self._owned or topic.startswith(KAFKA_INTERNAL_PREFIX):
+                raise ReservedTopicError(
+                    f"aggregate type {_shown(aggregate_type)} and event type {_shown(event_type)} make the "
+                    f"topic name {_shown(topic)}, which is "
+                    + ("one of Kafka's internal topics" if topic not in self._owned else self._owned[topic])
+                    + ": a row never writes into it"
+                )
             topics = self._topics
             if len(topics) >= MAX_TOPICS:
                 del topics[next(iter(topics))]
@@ -246,6 +254,34 @@ def _skip_ws(text: str, i: int) -> int:
     match = _WS.match(text, i)
     assert match is not None  # it matches the empty string
     return match.end()
+
+
+KAFKA_INTERNAL_PREFIX = "__"  # __consumer_offsets, __transaction_state, ...
+
+
+def owned_topics(settings: Settings) -> dict[str, str]:
+    """The topics the pipeline writes for itself, each with what it is: no event may be routed there."""
+    return {
+        settings.dlq_topic: f"the dead-letter topic (dlq_topic = {settings.dlq_topic!r})",
+        settings.checkpoint_topic: (
+            f"the exactly-once checkpoint topic (checkpoint_topic = {settings.checkpoint_topic!r})"
+        ),
+    }
+
+
+def template_clashes(settings: Settings) -> list[str]:
+    """Why ``topic_template`` can make the name of a topic the pipeline owns (empty when it cannot): said at
+    start, since such events are dead-lettered (reserved_topic) rather than published."""
+    pattern = "".join(
+        "[A-Za-z0-9._-]*" if part in ("{aggregate_type}", "{event_type}") else re.escape(part)
+        for part in re.split(r"(\{aggregate_type\}|\{event_type\})", settings.topic_template)
+    )
+    return [
+        f"topic_template = {settings.topic_template!r} can name {what}: events routed there are "
+        "dead-lettered (reserved_topic); give it a name the template cannot make, or narrow the template"
+        for topic, what in owned_topics(settings).items()
+        if re.fullmatch(pattern, topic)
+    ]
 
 
 def _shown(name: str) -> str:

@@ -4,9 +4,9 @@ import orjson
 import pytest
 
 from cdc.config_loader import load_settings
-from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError
+from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError, ReservedTopicError
 from cdc.stream.pgoutput import UNCHANGED_TOAST, Column, Relation
-from cdc.stream.route import EventRouter, event_from_fields
+from cdc.stream.route import EventRouter, event_from_fields, template_clashes
 
 DEFAULT_COLUMNS = [
     "id",
@@ -242,3 +242,30 @@ def test_what_can_be_read_of_a_malformed_message_is_kept_for_its_dead_letter():
         "payload": body,
     }
     assert router().salvage_message(b"not json") == {"payload": b"not json"}
+
+
+def test_an_event_never_routes_into_a_topic_the_pipeline_or_kafka_owns():
+    r = router(topic_template="app.{aggregate_type}", dlq_topic="app.dlq", checkpoint_topic="app.ckpt")
+    assert r.topic("order", "OrderPlaced") == "app.order"
+    for aggregate_type, what in (("dlq", "the dead-letter topic"), ("ckpt", "the exactly-once checkpoint")):
+        with pytest.raises(ReservedTopicError, match=what) as caught:
+            r.topic(aggregate_type, "OrderPlaced")
+        assert caught.value.reason == "reserved_topic"
+    bare = router(topic_template="{aggregate_type}")
+    with pytest.raises(ReservedTopicError, match="Kafka's internal topics"):
+        bare.topic("__consumer_offsets", "E")
+
+
+def test_a_template_that_can_name_an_owned_topic_is_said_with_its_settings():
+    clashing = load_settings(
+        config_file=None,
+        environ={"CDC_DATABASE_URL": "postgresql://u@h/d"},
+        overrides={"topic_template": "app.{aggregate_type}", "dlq_topic": "app.dlq"},
+    )
+    (said,) = template_clashes(clashing)
+    assert "topic_template = 'app.{aggregate_type}' can name the dead-letter topic" in said
+    assert "dlq_topic = 'app.dlq'" in said
+    default = load_settings(
+        config_file=None, environ={"CDC_DATABASE_URL": "postgresql://u@h/d"}, overrides={}
+    )
+    assert template_clashes(default) == []

@@ -47,11 +47,12 @@ def run(config_file: Path | None, accept_partitioner_change: bool, **flags: Any)
 
     def stop(signum: int, _frame: object) -> None:
         log.info("received %s: stopping after in-flight events are acknowledged", signal.Signals(signum).name)
-        pipeline.request_stop()
+        seconds = pipeline.request_stop()
         if not deadline:  # however frozen a connection is, the process ends within shutdown_timeout
-            deadline.append(
-                threading.Timer(settings.shutdown_timeout, _exit_now, (settings.shutdown_timeout,))
-            )
+            # Before anything streamed (a start waiting on Kafka, PostgreSQL or the registry), nothing is in
+            # flight: the process ends within a second, with 0, whatever wait it is in.
+            starting = seconds < settings.shutdown_timeout
+            deadline.append(threading.Timer(seconds, _exit_now, (seconds, 0 if starting else 1)))
             deadline[0].daemon = True
             deadline[0].start()
 
@@ -81,17 +82,21 @@ def run(config_file: Path | None, accept_partitioner_change: bool, **flags: Any)
             signal.signal(signum, signal.SIG_IGN)
 
 
-def _exit_now(seconds: float) -> None:
-    """The shutdown did not end in time (a connection that hangs): exit 1 at once. Nothing more is confirmed
-    to the slot, so what was not is published again after a restart; nothing is lost."""
-    log.error(
-        "the shutdown did not finish within shutdown_timeout (%g s): exiting now; events after the slot's "
-        "confirmed position will be published again after a restart",
-        seconds,
-    )
+def _exit_now(seconds: float, code: int) -> None:
+    """The shutdown did not end in time (a connection that hangs): exit at once. Nothing more is confirmed
+    to the slot, so what was not is published again after a restart; nothing is lost. During start-up
+    (``code`` 0) nothing was produced: a stop there is a clean one."""
+    if code:
+        log.error(
+            "the shutdown did not finish within shutdown_timeout (%g s): exiting now; events after the "
+            "slot's confirmed position will be published again after a restart",
+            seconds,
+        )
+    else:
+        log.info("stopped during start-up, before anything was produced (within %g s)", seconds)
     for handler in logging.getLogger().handlers:
         handler.flush()
-    os._exit(1)
+    os._exit(code)
 
 
 @main.command()

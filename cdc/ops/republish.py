@@ -2,11 +2,11 @@
 
 For a backfill, a new consumer that needs history, and `cdc recover` (:mod:`cdc.ops.recover`). The rows are
 read in one snapshot (REPEATABLE READ, a server-side cursor), each column as its text output, which is what
-pgoutput sends for an insert; then they go through :class:`cdc.stream.Pipeline`'s own route, encode, produce
-and dead-letter code, so a republished event is the record `cdc run` would have made: the same id, key,
-topic, value and headers, with the header ``cdc_republished`` added. Only the Kafka timestamp differs: the
-commit time is not in the table, so the row's ``created_at`` stands for it (the time the application wrote
-the row, a little before its commit).
+pgoutput sends for an insert; then they go through the pipeline's own route, encode, produce and dead-letter
+parts (:mod:`cdc.stream.emit` and what it is given), so a republished event is the record `cdc run` would
+have made: the same id, key, topic, value and headers, with the header ``cdc_republished`` added. Only the
+Kafka timestamp differs: the commit time is not in the table, so the row's ``created_at`` stands for it (the
+time the application wrote the row, a little before its commit).
 
 Order: by ``created_at``, then the order the rows are stored in. The rows of one transaction share their
 ``created_at`` (``now()`` is the transaction's start), so storage order keeps them in insert order on an
@@ -31,13 +31,23 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from cdc import fastpath
 from cdc.config import Settings
 from cdc.errors import ConfigError, DeliveryRefusedError, RecoveryError
 from cdc.pg import database_dsn
-from cdc.stream.checkpoint import AckTracker
+from cdc.stream.checkpoint import Acks, SourceTransaction
+from cdc.stream.deadletters import DeadLetters
+from cdc.stream.emit import Emitter
+from cdc.stream.failures import DeliveryFailures
+from cdc.stream.life import Life, Streaming
 from cdc.stream.messages import Column, Relation
-from cdc.stream.pipeline import Pipeline
-from cdc.stream.source import ReplicationSource
+from cdc.stream.publisher import AtLeastOnce
+from cdc.stream.refusals import RefusalLedger
+from cdc.stream.route import EventRouter
+from cdc.stream.routes import Routes
+from cdc.stream.sender import Sender
+from cdc.stream.sink import Headers, KafkaSink
+from cdc.stream.waits import Waits
 
 __all__ = ["REPUBLISHED_HEADER", "Republisher", "RowFilter", "count_rows", "republish", "select_rows"]
 
@@ -186,16 +196,75 @@ def select_rows(
     return relation, generate()
 
 
-class Republisher(Pipeline):
-    """The pipeline's route, encode, produce and dead-letter code, fed with outbox rows, not the slot."""
+class Republisher:
+    """The pipeline's route, encode, produce and dead-letter parts (:mod:`cdc.stream`), fed with outbox rows
+    from the table, not the slot: at-least-once, each batch acknowledged before the next is read."""
 
     def __init__(self, settings: Settings, *, mark: str) -> None:
-        super().__init__(replace(settings, delivery="at-least-once"))
-        self._extra_headers = [(REPUBLISHED_HEADER, mark.encode())]
+        self.settings = s = replace(settings, delivery="at-least-once")
+        compiled = fastpath.enabled(s.fast_path)
+        self._sink = sink = KafkaSink(s)
+        self._acks = acks = Acks()
+        self._life = life = Life()
+        self._refusals = refusals = RefusalLedger()
+        current = SourceTransaction()
+        self._failures = failures = DeliveryFailures(s, sink, acks)
+        self._router = router = EventRouter(s, compiled=compiled)
+        self._waits = waits = Waits(
+            settings=s,
+            sink=sink,
+            life=life,
+            keep_alive=failures.check,  # no slot to keep alive
+            check=failures.check,
+            acked_events=lambda: acks.tracker.acked_events,
+        )
+        publisher = AtLeastOnce(sink, waits.until_empty)
+        self._routes = routes = Routes(
+            s,
+            router,
+            sink,
+            compiled=compiled,
+            retrying=waits.retrying,
+            shrink_batches=publisher.shrink_batches,
+        )
+        self._sender = sender = Sender(
+            sink,
+            refusals,
+            current,
+            until_empty=waits.until_empty,
+            keep_alive=failures.check,
+            fail=failures.fail,
+        )
+        headers: Headers = [(REPUBLISHED_HEADER, mark.encode())]
+        self._dead_letters = dead_letters = DeadLetters(
+            s, sink, sender, current, ensure_topic=routes.ensure_topic, extra_headers=headers, trace=False
+        )
+        self._emitter = Emitter(
+            router,
+            routes,
+            sink,
+            sender,
+            dead_letters,
+            refusals,
+            current,
+            keep_alive=failures.check,
+            fail=failures.fail,
+            extra_headers=headers,
+        )
         self._position_seq = 0  # rows handed over so far: the positions of the ack bookkeeping
+        self.replays = 0
+
+    @property
+    def events_published(self) -> int:
+        return sum(self._routes.published.values())
+
+    @property
+    def events_dead_lettered(self) -> int:
+        return self._dead_letters.total
 
     def start(self) -> None:
-        self.sink.check_broker(self.settings.startup_timeout)
+        self._sink.check_broker(self.settings.startup_timeout)
+        self._life.to(Streaming(time.monotonic()))
 
     def publish(
         self,
@@ -205,7 +274,7 @@ class Republisher(Pipeline):
         progress: Progress | None = None,
     ) -> int:
         """Publish every row; returns how many. Each batch is acknowledged before the next is read."""
-        if not self.router.relation(relation):
+        if not self._router.relation(relation):
             raise RecoveryError(f"{relation.namespace}.{relation.name} is not the configured outbox table")
         total = 0
         batch: list[tuple[tuple[bytes | None, ...], int, bytes]] = []
@@ -225,44 +294,42 @@ class Republisher(Pipeline):
     ) -> None:
         start = self._position_seq
         end = start + len(batch)
+        emitter = self._emitter
         for attempt in range(MAX_REPLAYS_PER_BATCH + 1):
-            self.tracker = AckTracker(start, latency=self.latency)
+            tracker = self._acks.restart(start)
             try:
-                txn = self._txn = self.tracker.begin(0, end, time.time_ns() // 1000)
+                txn = tracker.begin(0, end, time.time_ns() // 1000)
                 for values, ts_ms, xid in batch:
-                    self._txn_ts_ms, self._txn_xid = ts_ms, xid
-                    self._outbox_insert(values)
-                self._txn = None
-                self.tracker.commit(txn, end)
-                self._wait_empty()
-                if self.tracker.confirmed_lsn != end:
+                    emitter.begin(txn, b"", xid, ts_ms)
+                    emitter.insert(values)
+                emitter.end()
+                tracker.commit(txn, end)
+                self._waits.until_empty()
+                if tracker.confirmed_lsn != end:
                     raise RecoveryError("Kafka did not acknowledge every republished record")
                 break
             except DeliveryRefusedError as exc:
                 if attempt == MAX_REPLAYS_PER_BATCH:
                     raise RecoveryError(f"Kafka keeps refusing records of a batch: {exc}") from exc
-                self.refusals.note(exc.refused, alone=self._alone, at=start, until=end)
-                self._alone = None
-                self._txn = None
-                self.sink.reset()
-                self._routes.clear()  # topic limits are read again
-                self.refusal_replays += 1
+                self._refusals.note(exc.refused, alone=self._sender.alone, at=start, until=end)
+                self._sender.alone = None
+                emitter.end()
+                self._sink.reset()
+                self._routes.forget()  # topic limits are read again
+                self.replays += 1
                 log.warning("%s; sending the batch again, the refused records one at a time", exc)
-        self.refusals.settled(end)
+        self._refusals.settled(end)
         self._position_seq = end
         if progress is not None:
             progress(len(batch))
 
-    def _stream(self, source: ReplicationSource) -> None:
-        raise RecoveryError("a Republisher reads the outbox table, not the slot")
-
     def close(self) -> None:
         """Wait (bounded) for what is in flight; nothing is confirmed anywhere, so there is nothing else."""
-        left = self.sink.flush(self.settings.shutdown_timeout)
+        left = self._sink.flush(self.settings.shutdown_timeout)
         if left:
             log.warning("%d republished records not acknowledged within shutdown_timeout", left)
-        if self.registry is not None:
-            self.registry.close()
+        if self._routes.registry is not None:
+            self._routes.registry.close()
 
 
 def republish(

@@ -201,3 +201,33 @@ class AckTracker:
             if head.events:
                 self.last_outbox = (head.end_lsn, head.commit_time_us)
         self.confirmed_lsn = confirmed
+
+
+class Acks:
+    """The tracker of the current session, replaced (never reset in place) when a session starts again or
+    a Kafka transaction is dropped; its latency histogram lives as long as the pipeline."""
+
+    def __init__(self) -> None:
+        self.latency = AckLatency()
+        self.tracker = AckTracker(latency=self.latency)
+
+    def restart(self, confirmed_lsn: int) -> AckTracker:
+        self.tracker = AckTracker(confirmed_lsn, latency=self.latency)
+        return self.tracker
+
+
+class SourceTransaction:
+    """The source transaction being read: set at its Begin, cleared at its Commit. What every record of it
+    carries (its commit LSN and xid as header bytes, its commit time as the Kafka timestamp), and the
+    bookkeeping its records are acknowledged against."""
+
+    __slots__ = ("txn", "lsn", "xid", "ts_ms")
+
+    def __init__(self) -> None:
+        self.txn: Transaction | None = None
+        self.lsn = b""
+        self.xid = b""
+        self.ts_ms = 0
+
+    def begin(self, txn: Transaction, lsn: bytes, xid: bytes, ts_ms: int) -> None:
+        self.txn, self.lsn, self.xid, self.ts_ms = txn, lsn, xid, ts_ms

@@ -123,10 +123,10 @@ class Transaction:
         tracker.in_flight -= 1
         tracker.acked_events += 1
         if self.outstanding == 0 and self.committed:
-            self._acked()
-            tracker._advance()
+            self.acked()
+            tracker.advance()
 
-    def _acked(self) -> None:
+    def acked(self) -> None:
         """Every event of this committed transaction is acknowledged: note how long it took."""
         if self.events:
             now_ms = time.time_ns() // 1_000_000
@@ -173,8 +173,8 @@ class AckTracker:
         txn.end_lsn = end_lsn
         txn.committed = True
         if txn.outstanding == 0:
-            txn._acked()
-            self._advance()
+            txn.acked()
+            self.advance()
 
     def keepalive(self, wal_end: int) -> bool:
         """A keepalive from the server. When nothing is open or outstanding, everything up to ``wal_end`` is
@@ -188,7 +188,8 @@ class AckTracker:
     def idle(self) -> bool:
         return self._open is None and not self._pending
 
-    def _advance(self) -> None:
+    def advance(self) -> None:
+        """Move the watermark over the prefix of transactions that are complete."""
         pending = self._pending
         confirmed = self.confirmed_lsn
         while pending:

@@ -116,7 +116,9 @@ def admin_config(settings: Settings) -> dict[str, Any]:
     return with_password(conf, settings)
 
 
-class KafkaSink(Topics):
+class KafkaSink:
+    """The producer, and the topics it writes to (:class:`cdc.stream.topics.Topics`, a part)."""
+
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._connection_errors = ConnectionErrors()  # why a connection failed (cdc.stream.access)
@@ -138,10 +140,18 @@ class KafkaSink(Topics):
             self._admin = AdminClient(admin_conf)
         except KafkaException as exc:
             raise SinkError(f"cannot create the Kafka admin client: {exc.args[0]}") from exc
-        self._known_topics: set[str] = set()
-        self.produced_topics: set[str] = set()
-        self._limits: dict[str, int | None] = {}  # topic -> its record limit, None when it needs no check
-        self._limits_unreadable = False
+        self.topics = topics = Topics(settings, self._admin, self._connection_errors, self.message_max_bytes)
+        # The topics' side, as the sink's own: what the pipeline asks of the sink.
+        self.check_broker = topics.check_broker
+        self.ensure_dead_letter_topic = topics.ensure_dead_letter_topic
+        self.check_rights = topics.check_rights
+        self.ensure_topic = topics.ensure_topic
+        self.ensure_compacted_topic = topics.ensure_compacted_topic
+        self.record_limit = topics.record_limit
+
+    @property
+    def produced_topics(self) -> set[str]:
+        return self.topics.produced_topics
 
     def close(self) -> None:
         """Destroy the Kafka clients now, dropping what the producer holds (nothing was confirmed past
@@ -176,7 +186,7 @@ class KafkaSink(Topics):
         except (KafkaException, SystemError) as exc:
             log.debug("purging the stopped producer: %s", exc)
         self.fatal_error = None
-        self._limits.clear()
+        self.topics.forget_limits()
         self._replace_producer()
 
     def _replace_producer(self) -> None:

@@ -3,7 +3,7 @@ created when ``create_topics`` is on), their record limit known (``max.message.b
 would refuse is dead-lettered before it is sent), their replication checked once (a warning when acknowledged
 events are at risk), and the compacted checkpoint topic of exactly-once delivery.
 
-A mixin of :class:`cdc.stream.sink.KafkaSink`, which holds the admin client and the producer's settings.
+A part of :class:`cdc.stream.sink.KafkaSink`, which holds the admin client and the producer's settings.
 """
 
 from __future__ import annotations
@@ -41,16 +41,28 @@ TOPIC_PROPAGATION = 10.0
 
 
 class Topics:
-    """The topics' side of the sink (a mixin of :class:`cdc.stream.sink.KafkaSink`)."""
+    """The topics' side of the sink: a part of :class:`cdc.stream.sink.KafkaSink`, which hands it its admin
+    client, the record of why connections failed, and the producer's own record limit."""
 
-    _settings: Settings
-    _admin: AdminClient
-    _connection_errors: ConnectionErrors
-    _known_topics: set[str]
-    produced_topics: set[str]  # every topic ensure_topic was asked for: what the pipeline writes to
-    _limits: dict[str, int | None]  # topic -> its record limit, None when it needs no check
-    _limits_unreadable: bool
-    message_max_bytes: int
+    def __init__(
+        self,
+        settings: Settings,
+        admin: AdminClient,
+        connection_errors: ConnectionErrors,
+        message_max_bytes: int,
+    ) -> None:
+        self._settings = settings
+        self._admin = admin
+        self._connection_errors = connection_errors
+        self.message_max_bytes = message_max_bytes
+        self._known_topics: set[str] = set()
+        self.produced_topics: set[str] = set()  # every topic ensure_topic was asked for: what is written to
+        self._limits: dict[str, int | None] = {}  # topic -> its record limit, None when it needs no check
+        self._limits_unreadable = False
+
+    def forget_limits(self) -> None:
+        """Read every topic's limit again (a refusal may mean a topic's settings changed)."""
+        self._limits.clear()
 
     def check_broker(self, timeout: float) -> None:
         """Refuse to start when Kafka does not answer (guarantee: never produce into the void)."""

@@ -317,8 +317,7 @@ class ExactlyOnce:
     def _diverged(self, what: str) -> NoReturn:
         verify = self._verify
         assert verify is not None
-        self._verify = None
-        self._foreign = verify
+        self._foreign = verify  # the slot stays held at its position until the next session starts
         raise HistoryDivergedError(
             f"checkpoint {format_lsn(verify.end_lsn)} (transaction {verify.xid} committed at "
             f"{_iso(verify.commit_time_us)}) is not of this server's history: {what} without it. The "

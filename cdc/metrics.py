@@ -113,6 +113,15 @@ class PipelineCollector(Collector):
         yield GaugeMetricFamily(
             "cdc_in_flight_events", "Events produced, not yet acknowledged", value=p.tracker.in_flight
         )
+        state = GaugeMetricFamily(
+            "cdc_pipeline_state",
+            "The stream's life: 1 for its state now (starting, standby, streaming, waiting, reconnecting, "
+            "draining, stopped), 0 for the others",
+            labels=["state"],
+        )
+        for name, value in p.life.gauge().items():
+            state.add_metric([name], value)
+        yield state
         yield GaugeMetricFamily(
             "cdc_compiled_hot_path",
             "1: outbox rows are read and encoded by the compiled extension (fast_path); 0: by Python alone",

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
+
+from cdc.avro.defaults import DefaultField, DefaultFit, json_kind, shown_value
 
 __all__ = ["InvalidSchemaError", "valid_logical_type", "validate_schema"]
 
@@ -32,8 +32,6 @@ NAMED: Final = frozenset({"record", "error", "enum", "fixed"})
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # the specification's; Java takes any Unicode letter
 _ORDERS: Final = frozenset({"ASCENDING", "DESCENDING", "IGNORE"})
 _MAX_FIXED: Final = 2**31 - 1 - 8  # Java's limit on a byte array (SystemLimitException)
-_INT: Final = (-(2**31), 2**31 - 1)
-_LONG: Final = (-(2**63), 2**63 - 1)
 
 
 class InvalidSchemaError(ValueError):
@@ -44,21 +42,6 @@ class InvalidSchemaError(ValueError):
         prefix = f"{subject} is not valid Avro " if subject else ""
         super().__init__(f"{prefix}at {path or 'the top level'}: {message} (rule: {rule})")
         self.path, self.rule, self.message = path, rule, message
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 64 else text[:60] + "...'"
-
-
-def _json(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    return {int: "an integer", float: "a number", str: "a string", list: "an array", dict: "an object"}.get(
-        type(value), type(value).__name__
-    )
 
 
 _LOGICAL_TAKES: Final = {  # logical type: the types it may annotate (decimal is checked on its own)
@@ -86,21 +69,13 @@ def valid_logical_type(schema: dict[str, Any], kind: str, size: int = 0) -> bool
     return kind != "fixed" or size == {"uuid": 16, "duration": 12}[logical]
 
 
-@dataclass
-class _Field:  # a field whose default is checked once every name is known
-    path: str
-    type: Any
-    namespace: str
-    default: Any
-    holder: dict[str, Any]
-
-
 class _Validator:
     def __init__(self) -> None:
         self.names: dict[str, dict[str, Any]] = {}  # full name -> definition (the copy being normalised)
         self.spaces: dict[int, str] = {}  # id of a definition -> the namespace its references resolve in
         self.full: dict[int, str] = {}  # id of a definition -> its full name
-        self.defaults: list[_Field] = []
+        self.defaults: list[DefaultField] = []
+        self.fit = DefaultFit(self.target)
 
     def schema(self, s: Any, path: str, ns: str) -> Any:
         if isinstance(s, str):
@@ -110,7 +85,7 @@ class _Validator:
             return self.union(s, path, ns)
         if not isinstance(s, dict):
             raise InvalidSchemaError(
-                path, "schema", f"a schema is a string, an object or an array, not {_json(s)}"
+                path, "schema", f"a schema is a string, an object or an array, not {json_kind(s)}"
             )
         kind = s.get("type")
         at = f"{path}.type" if path else "type"
@@ -118,7 +93,7 @@ class _Validator:
             what = (
                 "has no 'type'"
                 if "type" not in s
-                else f"has {_json(kind)} for 'type', where a type name goes"
+                else f"has {json_kind(kind)} for 'type', where a type name goes"
             )
             raise InvalidSchemaError(at, "type", f"a schema object {what}")
         if kind in NAMED:
@@ -144,7 +119,7 @@ class _Validator:
             # Java also tries the null namespace for a relative name, and takes names defined further on; the
             # specification does neither (docs/schema-checks.md).
             raise InvalidSchemaError(
-                path, "undefined-name", f"type {_show(ref)} is not defined before its use"
+                path, "undefined-name", f"type {shown_value(ref)} is not defined before its use"
             )
         return self.names[full]
 
@@ -177,33 +152,36 @@ class _Validator:
         name = s.get("name")
         if not isinstance(name, str):
             raise InvalidSchemaError(
-                f"{dot}name", "name", f"a {kind} needs a string 'name', not {_json(name)}"
+                f"{dot}name", "name", f"a {kind} needs a string 'name', not {json_kind(name)}"
             )
         space = s.get("namespace", ns)
         if "." in name:
             space, _, name = name.rpartition(".")
         elif not isinstance(space, str):
             raise InvalidSchemaError(
-                f"{dot}namespace", "name", f"a namespace is a string, not {_json(space)}"
+                f"{dot}namespace", "name", f"a namespace is a string, not {json_kind(space)}"
             )
         space = space or ""
         if not _NAME.match(name):
             raise InvalidSchemaError(
-                f"{dot}name", "name", f"{_show(name)} is not an Avro name ([A-Za-z_][A-Za-z0-9_]*)"
+                f"{dot}name", "name", f"{shown_value(name)} is not an Avro name ([A-Za-z_][A-Za-z0-9_]*)"
             )
         if space and not all(_NAME.match(part) for part in space.split(".")):
             where = f"{dot}namespace" if "namespace" in s and "." not in str(s["name"]) else f"{dot}name"
             raise InvalidSchemaError(
                 where,
                 "name",
-                f"namespace {_show(space)} is not a dotted Avro name (each part [A-Za-z_][A-Za-z0-9_]*)",
+                f"namespace {shown_value(space)} is not a dotted Avro name "
+                "(each part [A-Za-z_][A-Za-z0-9_]*)",
             )
         full = f"{space}.{name}" if space else name
         if not space and name in PRIMITIVES:
-            raise InvalidSchemaError(f"{dot}name", "name", f"{_show(name)} is a primitive type's name")
+            raise InvalidSchemaError(f"{dot}name", "name", f"{shown_value(name)} is a primitive type's name")
         if full in self.names:
             # Java takes a second definition that equals the first; the specification takes none.
-            raise InvalidSchemaError(f"{dot}name", "defined-once", f"type {_show(full)} is defined twice")
+            raise InvalidSchemaError(
+                f"{dot}name", "defined-once", f"type {shown_value(full)} is defined twice"
+            )
         self.aliases(s, f"{dot}aliases", named=True)
         out = dict(s)
         self.names[full] = out  # defined from here on: a record's fields may refer to it
@@ -216,7 +194,7 @@ class _Validator:
         else:
             size = s.get("size")
             if type(size) is not int or not 0 <= size <= _MAX_FIXED:
-                got = f"{size}" if type(size) is int else _json(size)
+                got = f"{size}" if type(size) is int else json_kind(size)
                 raise InvalidSchemaError(
                     f"{dot}size", "fixed-size", f"a fixed's size is an integer >= 0, not {got}"
                 )
@@ -229,20 +207,24 @@ class _Validator:
             return
         aliases = s["aliases"]
         if not isinstance(aliases, list):
-            raise InvalidSchemaError(path, "alias", f"'aliases' is an array of strings, not {_json(aliases)}")
+            raise InvalidSchemaError(
+                path, "alias", f"'aliases' is an array of strings, not {json_kind(aliases)}"
+            )
         for i, alias in enumerate(aliases):
             if not isinstance(alias, str):
-                raise InvalidSchemaError(f"{path}[{i}]", "alias", f"an alias is a string, not {_json(alias)}")
+                raise InvalidSchemaError(
+                    f"{path}[{i}]", "alias", f"an alias is a string, not {json_kind(alias)}"
+                )
             # A type's alias is a name to Java (its last part is checked); the specification takes any string.
             if named and not _NAME.match(alias.rpartition(".")[2]):
                 raise InvalidSchemaError(
-                    f"{path}[{i}]", "alias", f"{_show(alias)} does not end in an Avro name"
+                    f"{path}[{i}]", "alias", f"{shown_value(alias)} does not end in an Avro name"
                 )
 
     def fields(self, out: dict[str, Any], s: dict[str, Any], dot: str, space: str) -> None:
         fields = s.get("fields")
         if not isinstance(fields, list):
-            what = "has no 'fields'" if "fields" not in s else f"has {_json(fields)} for 'fields'"
+            what = "has no 'fields'" if "fields" not in s else f"has {json_kind(fields)} for 'fields'"
             raise InvalidSchemaError(
                 f"{dot}fields", "missing-attribute", f"a record {what}: it needs an array"
             )
@@ -251,10 +233,10 @@ class _Validator:
         for i, f in enumerate(fields):
             at = f"{dot}fields[{i}]"
             if not isinstance(f, dict):
-                raise InvalidSchemaError(at, "field", f"a field is an object, not {_json(f)}")
+                raise InvalidSchemaError(at, "field", f"a field is an object, not {json_kind(f)}")
             name = f.get("name")
             if not isinstance(name, str) or not _NAME.match(name):
-                got = _show(name) if isinstance(name, str) else _json(name)
+                got = shown_value(name) if isinstance(name, str) else json_kind(name)
                 raise InvalidSchemaError(
                     f"{at}.name",
                     "name",
@@ -262,11 +244,11 @@ class _Validator:
                 )
             if name in seen:
                 raise InvalidSchemaError(
-                    f"{at}.name", "duplicate-field", f"the record has two fields named {_show(name)}"
+                    f"{at}.name", "duplicate-field", f"the record has two fields named {shown_value(name)}"
                 )
             seen.add(name)
             if "type" not in f:
-                raise InvalidSchemaError(at, "missing-attribute", f"field {_show(name)} has no 'type'")
+                raise InvalidSchemaError(at, "missing-attribute", f"field {shown_value(name)} has no 'type'")
             order = f.get("order", "ascending")
             if not isinstance(order, str) or order.upper() not in _ORDERS:
                 raise InvalidSchemaError(
@@ -276,7 +258,7 @@ class _Validator:
             field = dict(f)
             field["type"] = self.schema(f["type"], f"{at}.type", space)
             if "default" in f:
-                self.defaults.append(_Field(f"{at}.default", field["type"], space, f["default"], field))
+                self.defaults.append(DefaultField(f"{at}.default", field["type"], space, f["default"], field))
             out["fields"].append(field)
 
     def enum(self, s: dict[str, Any], dot: str) -> None:
@@ -287,13 +269,13 @@ class _Validator:
             )
         for i, symbol in enumerate(symbols):
             if not isinstance(symbol, str) or not _NAME.match(symbol):
-                got = _show(symbol) if isinstance(symbol, str) else _json(symbol)
+                got = shown_value(symbol) if isinstance(symbol, str) else json_kind(symbol)
                 raise InvalidSchemaError(
                     f"{dot}symbols[{i}]", "name", f"an enum symbol is an Avro name, not {got}"
                 )
             if symbol in symbols[:i]:
                 raise InvalidSchemaError(
-                    f"{dot}symbols[{i}]", "duplicate-symbol", f"symbol {_show(symbol)} comes twice"
+                    f"{dot}symbols[{i}]", "duplicate-symbol", f"symbol {shown_value(symbol)} comes twice"
                 )
         if "default" in s and s["default"] not in symbols:
             # Java treats a default that is not a string as no default: the specification wants a symbol.
@@ -305,12 +287,12 @@ class _Validator:
 
     def check_defaults(self) -> None:
         for f in self.defaults:
-            problem = self.misfit(f.type, f.namespace, f.default)
+            problem = self.fit.misfit(f.type, f.namespace, f.default)
             if problem is not None:
                 raise InvalidSchemaError(
                     f.path, "default", f"the default does not fit the field's type: {problem}"
                 )
-            f.holder["default"] = self.prune(f.type, f.namespace, f.default)
+            f.holder["default"] = self.fit.prune(f.type, f.namespace, f.default)
 
     def target(self, t: Any, ns: str) -> tuple[str, Any, str]:
         """``(kind, definition, namespace)`` of a validated type."""
@@ -326,79 +308,6 @@ class _Validator:
             if kind in NAMED or kind in PRIMITIVES or kind in ("array", "map"):
                 return kind, t, self.spaces.get(id(t), ns)
             t = kind
-
-    def misfit(self, t: Any, ns: str, v: Any) -> str | None:
-        """Why ``v`` is not a value of ``t`` (None when it is), in the terms of a JSON default."""
-        kind, s, ns = self.target(t, ns)
-        if kind in _SCALARS:
-            want, test = _SCALARS[kind]
-            return None if test(v) else f"expected {want}, got {_json(v)}"
-        if kind == "enum":
-            # Java takes any string (docs/schema-checks.md): only a symbol can be written.
-            ok = isinstance(v, str) and v in s["symbols"]
-            return None if ok else f"expected one of the enum's symbols, got {_json(v)}"
-        if kind == "fixed":
-            ok = _latin1(v) and len(v) == s["size"]  # Java takes any string
-            return None if ok else f"expected {s['size']} code points U+0000..U+00FF, got {_json(v)}"
-        if kind == "union":  # any branch: the specification since Avro 1.12 (AVRO-3649), and Java
-            if any(self.misfit(b, ns, v) is None for b in s):
-                return None
-            return f"{_json(v)} fits none of the union's branches"
-        if kind == "array":
-            if not isinstance(v, list):
-                return f"expected an array, got {_json(v)}"
-            return next(
-                (f"item {i}: {p}" for i, x in enumerate(v) if (p := self.misfit(s["items"], ns, x))), None
-            )
-        if kind == "map":
-            if not isinstance(v, dict):
-                return f"expected an object, got {_json(v)}"
-            return next((f"a value: {p}" for x in v.values() if (p := self.misfit(s["values"], ns, x))), None)
-        if not isinstance(v, dict):
-            return f"expected an object (a record), got {_json(v)}"
-        for f in s["fields"]:
-            if f["name"] in v:
-                if (p := self.misfit(f["type"], ns, v[f["name"]])) is not None:
-                    return f"field {_show(f['name'])}: {p}"
-            elif "default" not in f:
-                return f"field {_show(f['name'])} is missing and has no default"
-        return None
-
-    def prune(self, t: Any, ns: str, v: Any) -> Any:
-        """``v`` without the keys of record values that are not fields (Java ignores them)."""
-        kind, s, ns = self.target(t, ns)
-        if kind == "union":
-            branch = next(b for b in s if self.misfit(b, ns, v) is None)
-            return self.prune(branch, ns, v)
-        if kind == "array":
-            return [self.prune(s["items"], ns, x) for x in v]
-        if kind == "map":
-            return {k: self.prune(s["values"], ns, x) for k, x in v.items()}
-        if kind in ("record", "error"):
-            return {f["name"]: self.prune(f["type"], ns, v[f["name"]]) for f in s["fields"] if f["name"] in v}
-        return v
-
-
-def _latin1(v: Any) -> bool:
-    return isinstance(v, str) and all(ord(c) < 256 for c in v)
-
-
-def _number(v: Any) -> bool:
-    return type(v) is int or type(v) is float
-
-
-_SCALARS: Final[dict[str, tuple[str, Callable[[Any], bool]]]] = {  # kind: (what a default must be, test)
-    "null": ("null", lambda v: v is None),
-    "boolean": ("true or false", lambda v: isinstance(v, bool)),
-    "int": ("an integer of 32 bits", lambda v: type(v) is int and _INT[0] <= v <= _INT[1]),
-    "long": ("an integer of 64 bits", lambda v: type(v) is int and _LONG[0] <= v <= _LONG[1]),
-    # Java also takes a string that Double.parseDouble reads ("NaN", "1.5"), which is not a JSON number.
-    "float": ("a number", _number),
-    "double": ("a number", _number),
-    # Java takes any string for bytes; Avro's JSON maps code points 0-255 to bytes, and no others.
-    "bytes": ("a string of code points U+0000..U+00FF", _latin1),
-    "string": ("a string", lambda v: isinstance(v, str)),
-}
 
 
 def validate_schema(schema: Any) -> Any:

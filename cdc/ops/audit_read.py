@@ -29,7 +29,7 @@ from cdc.config import Settings
 from cdc.errors import AccessDeniedError, AuditError, AuditRefusedError, first_line
 from cdc.logs import kafka_log
 from cdc.ops.dlq import DISCARDED_BY, REPLAYED_TO, RESOLVED
-from cdc.stream.sink import admin_config
+from cdc.stream.kafka_config import admin_config
 
 log = logging.getLogger("cdc.audit")
 

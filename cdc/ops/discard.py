@@ -31,7 +31,8 @@ from cdc.ops.dlq import (
     refused_writes,
 )
 from cdc.ops.dlq import _reason as reason_of
-from cdc.stream.sink import Headers, producer_config
+from cdc.stream.kafka_config import producer_config
+from cdc.stream.sink import Headers
 
 __all__ = ["discard", "who"]
 

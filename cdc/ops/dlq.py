@@ -40,7 +40,7 @@ from cdc.config import Settings
 from cdc.errors import AccessDeniedError, CdcError, DeadLetterError
 from cdc.logs import kafka_log
 from cdc.stream.access import authorization_refusal, refusal_for_right
-from cdc.stream.sink import admin_config
+from cdc.stream.kafka_config import admin_config
 
 __all__ = ["DeadLetter", "DeadLetterTopic", "Scan"]
 

@@ -40,8 +40,9 @@ from cdc.ops.dlq import (
     refused_writes,
     split_headers,
 )
+from cdc.stream.kafka_config import producer_config
 from cdc.stream.route import KAFKA_INTERNAL_PREFIX, owned_topics
-from cdc.stream.sink import Headers, KafkaSink, producer_config
+from cdc.stream.sink import Headers, KafkaSink
 
 if TYPE_CHECKING:
     from cdc.avro.registry import SchemaRegistry

@@ -106,7 +106,7 @@ class Transaction:
 
         A success without an offset is not taken for one: librdkafka reports records "implicitly acked by
         subsequent batch success" that way, and a broker can append the later batch without them (see
-        ``cdc.stream.sink.FIXED_PRODUCER_CONFIG``, which keeps that from happening). Stopping costs
+        ``cdc.stream.kafka_config.FIXED_PRODUCER_CONFIG``, which keeps that from happening). Stopping costs
         duplicates;
         confirming past it could cost the event."""
         tracker = self._tracker

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from cdc.config import Settings
 from cdc.errors import SinkError
 from cdc.stream.access import CHECKPOINT_GROUP_PREFIX, authorization_refusal
-from cdc.stream.sink import admin_config
+from cdc.stream.kafka_config import admin_config
 from cdc.stream.transactions import Checkpoint
 
 log = logging.getLogger("cdc.transactions")

@@ -24,7 +24,6 @@ import psycopg
 
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
-    BrokerUnreachableError,
     CdcError,
     DeadLetterFloodError,
     DeliveryError,
@@ -36,7 +35,6 @@ from cdc.errors import (
     format_lsn,
 )
 from cdc.pg import access_refusal, database_dsn
-from cdc.stream.access import topic_rights
 from cdc.stream.checkpoint import Acks
 from cdc.stream.confirm import Confirmer
 from cdc.stream.failures import DeliveryFailures
@@ -51,13 +49,13 @@ from cdc.stream.routes import Routes
 from cdc.stream.sender import Sender
 from cdc.stream.sink import KafkaSink
 from cdc.stream.source import ReplicationSource
+from cdc.stream.startup import start_checks
 from cdc.stream.stream_loop import StreamLoop
 from cdc.stream.waits import SHUTDOWN_RESERVE, Backoff, StopRequested, Waits
 
 log = logging.getLogger("cdc.pipeline")
 
 STANDBY_POLL = 1.0  # seconds between a standby's attempts to take the slot over
-BROKER_ASK = 0.5  # seconds one metadata request may take at start: a stop request is seen between two
 
 
 class Closing(Protocol):
@@ -125,7 +123,7 @@ class Sessions:
         # One start-up budget for Kafka and PostgreSQL together: two mistakes cost one startup_timeout.
         started = time.monotonic()
         try:
-            self._start_checks(started)
+            start_checks(s, self._sink, self._routes.registry, started, stopping=life.stop_requested)
         except StopRequested:
             self._shutdown(None)
             return
@@ -148,35 +146,6 @@ class Sessions:
         if flood is not None:  # stopped in order, as at SIGTERM: now the exit code and the line say why
             flood.lsn = self._confirmer.confirmable()
             raise flood
-
-    def _start_checks(self, started: float) -> None:
-        s, sink = self._settings, self._sink
-        deadline = started + s.startup_timeout
-        try:
-            while True:  # in short requests: a stop request is seen between two
-                try:
-                    sink.check_broker(max(0.1, min(BROKER_ASK, deadline - time.monotonic())))
-                    break
-                except BrokerUnreachableError as exc:
-                    if time.monotonic() >= deadline:
-                        why = exc.__cause__ or exc
-                        raise BrokerUnreachableError(
-                            f"Kafka at {s.kafka.bootstrap_servers} did not answer within startup_timeout = "
-                            f"{s.startup_timeout:g} s ({why}). Check kafka.bootstrap_servers "
-                            "(CDC_KAFKA_BOOTSTRAP_SERVERS) and that the broker is up"
-                        ) from exc
-                if self._life.stopping:
-                    raise StopRequested
-            sink.ensure_dead_letter_topic(s.dlq_topic)
-            sink.check_rights(topic_rights(s), s.startup_timeout)
-            registry = self._routes.registry
-            if registry is not None:
-                registry.check_access()
-        except CdcError:
-            # Now, while Python runs: a librdkafka thread still calling back (a broker that keeps refusing
-            # the credentials) crashed the interpreter's own shutdown.
-            sink.close()
-            raise
 
     def _sessions(self, started: float) -> None:
         s, life, backoff = self._settings, self._life, self._backoff

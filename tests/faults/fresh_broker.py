@@ -254,7 +254,7 @@ def plain_producer_config(bootstrap: str) -> dict[str, Any]:
     """cdc.stream.sink.producer_config with the default Settings (max_in_flight 20000, delivery_timeout
     120 s, backoff 0.5 s .. backoff_max)."""
     from cdc.config import KafkaSettings, Settings
-    from cdc.stream.sink import producer_config
+    from cdc.stream.kafka_config import producer_config
 
     return producer_config(Settings(database_url="unused", kafka=KafkaSettings(bootstrap_servers=bootstrap)))
 

@@ -600,7 +600,7 @@ def test_exactly_once_refuses_timeouts_past_the_kafka_transaction_timeout():
 
 
 def test_the_partitioner_is_javas_unless_set_and_is_not_a_kafka_key(tmp_path: Path) -> None:
-    from cdc.stream.sink import producer_config
+    from cdc.stream.kafka_config import producer_config
 
     assert producer_config(load(tmp_path))["partitioner"] == "murmur2_random"
     chosen = load(tmp_path, env={"CDC_PARTITIONER": "consistent_random"})

@@ -122,7 +122,7 @@ def test_a_postgresql_that_is_starting_is_waited_for():
 
 
 def test_the_kafka_password_file_is_read_by_every_client_config(tmp_path):
-    from cdc.stream.sink import admin_config, producer_config
+    from cdc.stream.kafka_config import admin_config, producer_config
 
     secret = tmp_path / "kafka-password"
     secret.write_text("from-the-file\n")
@@ -135,7 +135,7 @@ def test_the_kafka_password_file_is_read_by_every_client_config(tmp_path):
 
 def test_a_kafka_password_twice_or_unreadable_is_refused_with_the_key(tmp_path):
     from cdc.errors import ConfigError
-    from cdc.stream.sink import producer_config
+    from cdc.stream.kafka_config import producer_config
 
     with pytest.raises(ConfigError) as both:
         settings(CDC_KAFKA_SASL_PASSWORD_FILE=str(tmp_path / "x"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 
 from cdc.config_loader import load_settings
-from cdc.stream.sink import admin_config, producer_config
+from cdc.stream.kafka_config import admin_config, producer_config
 from cdc.stream.topics import replication_risk
 from cdc.stream.waits import Backoff
 

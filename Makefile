@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-consumer-memory bench-debezium bench-audit soak faults faults-cluster stack-up stack-down stack-status clean
+.PHONY: help install lint image test test-matrix test-secure unit test-integration demo bench bench-consumer bench-consumer-memory bench-debezium bench-audit soak faults faults-cluster stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ lint: $(STAMP) ## ruff, and mypy strict on cdc/
 	$(BIN)/ruff check cdc tests
 	$(BIN)/ruff format --check cdc tests
 	$(BIN)/mypy
+
+image: ## build the container image with podman, on bases made from Debian's packages (deploy/image/image.sh; no registry needed)
+	bash deploy/image/image.sh build
 
 stack-up: ## start PostgreSQL, Kafka and the schema registry on loopback (idempotent), write .stack/env
 	@bash stack/stack.sh up

@@ -14,4 +14,5 @@ pytest_plugins = [
     "tests.plugins.kafka_java",
     "tests.plugins.fastpath",
     "tests.plugins.podman",
+    "tests.plugins.helm",
 ]

@@ -1,0 +1,105 @@
+"""The Helm chart deploy/helm/outbox-cdc, rendered without a cluster.
+
+- `helm_bin`: helm, built by deploy/helm/install-helm.sh with `go install` (cached in ~/.cache/outbox-cdc;
+  `make helm` builds it first in CI). No helm and no go is a skip on a developer's machine, a failure under
+  CI=true.
+- `render(*values_files, values=None, release="rel")`: `helm template` of the chart, as a list of objects.
+- `helm_run(*args)`: any helm command on the chart (lint), its CompletedProcess.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.plugins.services import service_missing
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "outbox-cdc"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+# The Kubernetes version the chart is rendered for (helm's .Capabilities); the manifests are validated
+# against the schemas of the oldest and the newest supported minor versions (tests/deploy/test_chart.py).
+KUBE_VERSION = "1.37.0"
+
+Render = Callable[..., list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> str:
+    if shutil.which("go") is None and not list((Path.home() / ".cache/outbox-cdc").glob("helm-*/helm")):
+        service_missing("helm cannot be built: go is not installed (deploy/helm/install-helm.sh)")
+    done = subprocess.run(
+        ["bash", str(ROOT / "deploy/helm/install-helm.sh")], capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        service_missing(f"deploy/helm/install-helm.sh failed: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def helm_run(helm_bin: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([helm_bin, *args], capture_output=True, text=True, timeout=120)
+
+    return run
+
+
+def values_args(tmp_path: Path, files: tuple[Path | str, ...], values: dict[str, Any] | None) -> list[str]:
+    args: list[str] = []
+    for file in files:
+        args += ["-f", str(file)]
+    if values is not None:
+        path = tmp_path / f"values-{len(list(tmp_path.glob('values-*.json')))}.json"
+        path.write_text(json.dumps(values))
+        args += ["-f", str(path)]
+    return args
+
+
+@pytest.fixture
+def render(helm_run: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path) -> Render:
+    """`render(*files, values={...}, release="rel")`: the chart's objects; an error of helm fails the test
+    with its message (`render_error` returns it instead)."""
+
+    def run(
+        *files: Path | str, values: dict[str, Any] | None = None, release: str = "rel"
+    ) -> list[dict[str, Any]]:
+        done = helm_run(
+            "template",
+            release,
+            str(CHART),
+            "--kube-version",
+            KUBE_VERSION,
+            *values_args(tmp_path, files, values),
+        )
+        assert done.returncode == 0, done.stderr
+        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+    return run
+
+
+@pytest.fixture
+def render_error(
+    helm_run: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+) -> Callable[..., str]:
+    """`render_error(*files, values={...})`: helm's error message for values it must refuse."""
+
+    def run(*files: Path | str, values: dict[str, Any] | None = None) -> str:
+        done = helm_run(
+            "template",
+            "rel",
+            str(CHART),
+            "--kube-version",
+            KUBE_VERSION,
+            *values_args(tmp_path, files, values),
+        )
+        assert done.returncode != 0, f"helm accepted values it should refuse: {values}"
+        return "\n".join(line for line in done.stderr.splitlines() if "symbolic link" not in line)
+
+    return run

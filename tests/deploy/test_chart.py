@@ -73,16 +73,17 @@ def test_helm_lint_passes_strictly(
 def test_every_object_is_valid_for_kubernetes(values: Path, version: str, render: Render) -> None:
     objects = render(values)
     checked = 0
+    invalid = []
     for obj in objects:
         if obj["kind"] in OPERATOR_KINDS:
             continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(
-                f"{obj['kind']} {obj['metadata']['name']} is not valid for Kubernetes {version}: {exc}"
-            )
+            where = "/".join(map(str, exc.absolute_path))
+            invalid.append(f"{obj['kind']} {obj['metadata']['name']} at {where}: {exc.message[:200]}")
         checked += 1
+    assert not invalid, f"not valid for Kubernetes {version}: " + "; ".join(invalid)
     assert checked >= 4  # at least a ServiceAccount, a ConfigMap, a Service and a Deployment
 
 

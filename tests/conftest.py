@@ -15,4 +15,5 @@ pytest_plugins = [
     "tests.plugins.fastpath",
     "tests.plugins.podman",
     "tests.plugins.helm",
+    "tests.plugins.pods",
 ]

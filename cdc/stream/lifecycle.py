@@ -97,6 +97,7 @@ class Lifecycle(Reconnects, Health):
         self.delivery_errors = 0
         self.ignored_messages = 0  # non-transactional 'outbox' logical messages: not events
         self.reconnects = 0
+        self.standing_by = False  # a standby waiting for the slot (on_slot_active = wait): cdc_standby
         self.refusals = RefusalLedger()
         self.refusal_replays = 0  # times Kafka refused records and the stream was replayed to find why
         self._alone: bytes | None = None  # the digest of the record produced alone, while it is
@@ -177,7 +178,6 @@ class Lifecycle(Reconnects, Health):
         backoff = self._backoff
         started = time.monotonic()
         first = True
-        standing_by = False
         try:
             while not self._stop:
                 try:
@@ -192,9 +192,9 @@ class Lifecycle(Reconnects, Health):
                 except SlotActiveError as exc:
                     if first and s.on_slot_active == "wait":
                         # A standby: the slot admits one walsender, so waiting on it is the whole protocol.
-                        if not standing_by:
+                        if not self.standing_by:
                             log.warning("%s; waiting to take over (on_slot_active = wait)", exc)
-                            standing_by = True
+                            self.standing_by = True
                         self._sleep(STANDBY_POLL)
                         continue
                     if first:
@@ -263,6 +263,7 @@ class Lifecycle(Reconnects, Health):
         )
         source.start()
         self._source = source
+        self.standing_by = False
         server = source.identity
         assert server is not None  # start() asked
         # What was acknowledged on another history (another server, a timeline left by a promotion) means

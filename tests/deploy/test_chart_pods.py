@@ -123,6 +123,12 @@ def probe(pod: Container, run: PodRun, kind: str) -> tuple[int, str] | None:
     return http_get(port, path)
 
 
+def metric_text(run: PodRun) -> str:
+    answer = http_get(run.ports["metrics"], "/metrics")
+    assert answer is not None and answer[0] == 200
+    return answer[1]
+
+
 def run_setup(pods: StartPod, release: Release) -> None:
     job = pods(release.setup_job(), "setup-job")
     assert job.wait(120) == 0, job.tail()
@@ -236,6 +242,9 @@ def test_a_standby_waits_unready_and_takes_over_when_the_active_pod_is_killed(
     assert probe(second, second_run, "liveness") == (200, "alive\n")
     readiness = probe(second, second_run, "readiness")
     assert readiness is not None and readiness[0] == 503 and "not streaming" in readiness[1]
+    # And says so, for the alert rules (CdcNotReady leaves a standby out).
+    assert "\ncdc_standby 1.0" in metric_text(second_run)
+    assert "\ncdc_standby 0.0" in metric_text(first_run)
     assert wait_until(lambda: probe(first, first_run, "readiness"), 30, "replica 1 ready") == (200, "ready\n")
 
     thread = writer(8.0)
@@ -246,6 +255,7 @@ def test_a_standby_waits_unready_and_takes_over_when_the_active_pod_is_killed(
     took = time.monotonic() - killed_at
     assert took < TAKEOVER_BOUND, f"the standby took over {took:.1f} s after the kill -9"
     wait_until(lambda: probe(second, second_run, "readiness") == (200, "ready\n"), 30, "replica 2 ready")
+    assert "\ncdc_standby 0.0" in metric_text(second_run)
     thread.join(30)
 
     box = container_outbox.attach()

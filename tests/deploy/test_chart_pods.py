@@ -21,14 +21,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from cdc.config import Settings
 from tests.plugins.helm import Render
 from tests.plugins.kafka import read_topics
 from tests.plugins.pipeline import free_port, topic_size, wait_until
 from tests.plugins.podman import Container, ContainerOutbox, http_get
-from tests.plugins.pods import PodRun, Secrets, StartPod, pod_from
+from tests.plugins.pods import PodRun, Secrets, StartPod, pod_from, split_password
 
 pytestmark = [pytest.mark.integration, pytest.mark.image, pytest.mark.helm]
 
@@ -37,13 +37,6 @@ IMAGE_REF = "localhost/outbox-cdc:under-test"
 # kernel closes its connection and the standby, polling every second, takes the slot. A dead host is bounded
 # by source_silence_timeout instead, which no test here simulates.
 TAKEOVER_BOUND = 10.0
-
-
-def split_password(dsn: str) -> tuple[str, str]:
-    """A libpq DSN without its password, and the password (for a mounted file)."""
-    params = conninfo_to_dict(dsn)
-    password = str(params.pop("password", ""))
-    return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None}), password
 
 
 def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -31,16 +31,45 @@ KUBE_VERSION = "1.37.0"
 Render = Callable[..., list[dict[str, Any]]]
 
 
-@pytest.fixture(scope="session")
-def helm_bin() -> str:
+def install_helm() -> str:
+    """helm's path, built by deploy/helm/install-helm.sh unless cached; RuntimeError when it cannot be."""
     if shutil.which("go") is None and not list((Path.home() / ".cache/outbox-cdc").glob("helm-*/helm")):
-        service_missing("helm cannot be built: go is not installed (deploy/helm/install-helm.sh)")
+        raise RuntimeError("helm cannot be built: go is not installed (deploy/helm/install-helm.sh)")
     done = subprocess.run(
         ["bash", str(ROOT / "deploy/helm/install-helm.sh")], capture_output=True, text=True, timeout=900
     )
     if done.returncode != 0:
-        service_missing(f"deploy/helm/install-helm.sh failed: {done.stderr.strip()[-500:]}")
+        raise RuntimeError(f"deploy/helm/install-helm.sh failed: {done.stderr.strip()[-500:]}")
     return done.stdout.strip().splitlines()[-1]
+
+
+def template(helm: str, args: list[str], release: str = "rel") -> subprocess.CompletedProcess[str]:
+    """`helm template <release> <chart> --kube-version ... <args>`."""
+    return subprocess.run(
+        [helm, "template", release, str(CHART), "--kube-version", KUBE_VERSION, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def render_values(
+    helm: str, values: dict[str, Any], workdir: Path, release: str = "rel"
+) -> list[dict[str, Any]]:
+    """The chart's objects for `values` (written to a file under `workdir`)."""
+    done = template(helm, values_args(workdir, (), values), release)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> str:
+    try:
+        return install_helm()
+    except RuntimeError as exc:
+        service_missing(str(exc))
+        raise
 
 
 @pytest.fixture(scope="session")
@@ -63,21 +92,14 @@ def values_args(tmp_path: Path, files: tuple[Path | str, ...], values: dict[str,
 
 
 @pytest.fixture
-def render(helm_run: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path) -> Render:
+def render(helm_bin: str, tmp_path: Path) -> Render:
     """`render(*files, values={...}, release="rel")`: the chart's objects; an error of helm fails the test
     with its message (`render_error` returns it instead)."""
 
     def run(
         *files: Path | str, values: dict[str, Any] | None = None, release: str = "rel"
     ) -> list[dict[str, Any]]:
-        done = helm_run(
-            "template",
-            release,
-            str(CHART),
-            "--kube-version",
-            KUBE_VERSION,
-            *values_args(tmp_path, files, values),
-        )
+        done = template(helm_bin, values_args(tmp_path, files, values), release)
         assert done.returncode == 0, done.stderr
         return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
@@ -85,20 +107,11 @@ def render(helm_run: Callable[..., subprocess.CompletedProcess[str]], tmp_path: 
 
 
 @pytest.fixture
-def render_error(
-    helm_run: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
-) -> Callable[..., str]:
+def render_error(helm_bin: str, tmp_path: Path) -> Callable[..., str]:
     """`render_error(*files, values={...})`: helm's error message for values it must refuse."""
 
     def run(*files: Path | str, values: dict[str, Any] | None = None) -> str:
-        done = helm_run(
-            "template",
-            "rel",
-            str(CHART),
-            "--kube-version",
-            KUBE_VERSION,
-            *values_args(tmp_path, files, values),
-        )
+        done = template(helm_bin, values_args(tmp_path, files, values))
         assert done.returncode != 0, f"helm accepted values it should refuse: {values}"
         return "\n".join(line for line in done.stderr.splitlines() if "symbolic link" not in line)
 

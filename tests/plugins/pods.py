@@ -20,11 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.plugins.pipeline import _register
 from tests.plugins.podman import Container
 
 Secrets = dict[str, dict[str, str]]  # Secret name -> key -> value
+
+
+def split_password(dsn: str) -> tuple[str, str]:
+    """A libpq DSN without its password, and the password (for a mounted file)."""
+    params = conninfo_to_dict(dsn)
+    password = str(params.pop("password", ""))
+    return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None}), password
 
 
 @dataclass

@@ -127,8 +127,9 @@ cmd_build() {
         --iidfile "$STATE/id.new" -t "$IMAGE" -f "$ROOT/Dockerfile" "$ROOT" >"$STATE/build.log" 2>&1 ||
         fail "podman build failed" "$STATE/build.log"
     mv "$STATE/id.new" "$STATE/id"
-    # Untagged images of earlier builds go; their layers that the new one shares stay.
-    podman image prune -f >/dev/null 2>&1 || true
+    # The untagged images of builds older than a week go. Younger ones stay: they are the layer cache of the
+    # next build (a plain prune would empty it, and every build would start from the bases).
+    podman image prune -f --filter until=168h >/dev/null 2>&1 || true
     size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
     say "built $IMAGE ($(cat "$STATE/id" | cut -c1-19)) in $(($(date +%s) - started)) s: $((size / 1000000)) MB"
 }

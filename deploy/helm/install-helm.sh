@@ -19,14 +19,17 @@ if [ -x "$BIN" ] && "$BIN" version --short 2>/dev/null | grep -q "^$VERSION"; th
     printf '%s\n' "$BIN"
     exit 0
 fi
-command -v go >/dev/null || {
-    printf 'install-helm: FAILED: go is not on PATH (Debian: apt-get install golang; or https://go.dev/dl)\n' >&2
+# A login shell puts /usr/local/go/bin on PATH; a CI job's may not.
+GO=$(command -v go || true)
+[ -z "$GO" ] && [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go
+[ -n "$GO" ] || {
+    printf 'install-helm: FAILED: go is not on PATH nor in /usr/local/go/bin (Debian: apt-get install golang-go)\n' >&2
     exit 1
 }
 mkdir -p "$DIR"
 printf 'install-helm: building helm %s with go install (Go module proxy)\n' "$VERSION" >&2
 # The version is stamped the way Helm's own Makefile does it, so that `helm version` tells the truth.
-GOBIN=$DIR CGO_ENABLED=0 go install \
+GOBIN=$DIR CGO_ENABLED=0 "$GO" install \
     -ldflags "-s -w -X helm.sh/helm/$MAJOR/internal/version.version=$VERSION" \
     "helm.sh/helm/$MAJOR/cmd/helm@$VERSION" >&2
 "$BIN" version --short >&2

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install lint test test-matrix test-secure unit test-integration demo bench bench-consumer bench-consumer-memory bench-debezium bench-audit soak faults faults-cluster stack-up stack-down stack-status clean
+.PHONY: help install lint image helm test-deploy bench-deploy test test-matrix test-secure unit test-integration demo bench bench-consumer bench-consumer-memory bench-debezium bench-audit soak faults faults-cluster stack-up stack-down stack-status clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -26,6 +26,15 @@ lint: $(STAMP) ## ruff, and mypy strict on cdc/
 	$(BIN)/ruff check cdc tests
 	$(BIN)/ruff format --check cdc tests
 	$(BIN)/mypy
+
+image: ## build the container image with podman, on bases made from Debian's packages (deploy/image/image.sh; no registry needed)
+	bash deploy/image/image.sh build
+
+helm: ## build helm from the Go module proxy for the chart's tests (deploy/helm/install-helm.sh; cached in ~/.cache/outbox-cdc)
+	bash deploy/helm/install-helm.sh >/dev/null
+
+test-deploy: $(STAMP) image helm stack-up ## the image and the Helm chart: render, validate, run the chart's pods with podman (tests/deploy)
+	. .stack/env && $(BIN)/pytest tests/deploy $(PYTEST_ARGS)
 
 stack-up: ## start PostgreSQL, Kafka and the schema registry on loopback (idempotent), write .stack/env
 	@bash stack/stack.sh up
@@ -73,6 +82,9 @@ bench-consumer-memory: $(STAMP) stack-up ## the idempotent consumer's RSS 2,500,
 
 bench-debezium: $(STAMP) stack-up ## cdc run beside Debezium 3.6.1 (Kafka Connect standalone, Outbox Event Router): default, tuned, Avro (BENCH_ARGS="--events 20000")
 	. .stack/env && $(BIN)/python -m tests.bench.debezium $(BENCH_ARGS)
+
+bench-deploy: $(STAMP) image helm stack-up ## the chart's pod with podman: start, SIGTERM, a standby's takeover, Recreate's gap (BENCH_ARGS="--repeat 5")
+	. .stack/env && $(BIN)/python -m tests.bench.deploy $(BENCH_ARGS)
 
 bench-audit: $(STAMP) stack-up ## cdc audit's peak memory and time at 10 000 and 1 000 000 events (BENCH_ARGS="--events 10000 --events 10000000")
 	. .stack/env && $(BIN)/python -m tests.bench.audit $(BENCH_ARGS)

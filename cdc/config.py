@@ -76,7 +76,7 @@ _OWNED = {
     "enable.idempotence": ("true",),
     "acks": ("all", "-1"),
     "request.required.acks": ("all", "-1"),
-    # cdc.stream.kafka_config.FIXED_PRODUCER_CONFIG says why: more than one in flight can lose acknowledged records.
+    # cdc.stream.kafka_config.FIXED_PRODUCER_CONFIG says why: more in flight can lose acknowledged records.
     "max.in.flight.requests.per.connection": ("1",),
     "max.in.flight": ("1",),
     # Nothing appended behind a refused record: cdc.stream.refusals relies on it to keep each key in order.

@@ -3,7 +3,8 @@
 Nothing here runs per event. The pipeline keeps plain counters as it goes; a collector reads them when
 Prometheus scrapes, on the HTTP server's thread (reading ints and a list the main thread writes is safe under
 the GIL, and a scrape that is one event behind is fine). A scrape also says whether the pipeline is ready
-(``cdc_ready``, what ``/readyz`` answers) and what the server says of the slot (``cdc_slot_active``,
+(``cdc_ready``, what ``/readyz`` answers; ``cdc_standby``, a standby waiting for the slot, which is not ready
+by design) and what the server says of the slot (``cdc_slot_active``,
 ``cdc_slot_retained_wal_bytes``, from ``pg_replication_slots`` on the scrape thread's own connection), each
 asked at most every READY_CACHE_SECONDS. ``deploy/`` has a Grafana dashboard and Prometheus alert rules
 built on these names (docs/operations.md, "Monitoring").
@@ -168,6 +169,11 @@ class ServerCollector(Collector):
             "1 when /readyz answers ready (streaming, Kafka answers)",
             value=not self.server.not_ready(),
         )
+        yield GaugeMetricFamily(
+            "cdc_standby",
+            "1 while a standby waits for the slot (on_slot_active = wait): not ready, and not to alert on",
+            value=self.server.standing_by(),
+        )
         slot = self.server.slot()
         if slot is None:
             return  # PostgreSQL did not answer: no value rather than a wrong one (cdc_ready says why)
@@ -261,6 +267,10 @@ class MetricsServer:
         self.host = host
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="cdc-metrics", daemon=True)
+
+    def standing_by(self) -> bool:
+        """Whether the pipeline is a standby that waits for the slot."""
+        return self._pipeline.standing_by
 
     def not_ready(self) -> list[str]:
         """The pipeline's reasons not to be ready, asked at most every READY_CACHE_SECONDS: each ask is a

@@ -13,4 +13,7 @@ pytest_plugins = [
     "tests.plugins.avro_java",
     "tests.plugins.kafka_java",
     "tests.plugins.fastpath",
+    "tests.plugins.podman",
+    "tests.plugins.helm",
+    "tests.plugins.pods",
 ]

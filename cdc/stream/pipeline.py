@@ -226,6 +226,11 @@ class Pipeline:
         return self.dead_letters.in_window()
 
     @property
+    def standing_by(self) -> bool:
+        """A standby waiting for the slot (on_slot_active = wait): not ready, by design."""
+        return isinstance(self.life.state, Standby)
+
+    @property
     def tracker(self) -> AckTracker:
         return self.acks.tracker
 

@@ -202,3 +202,53 @@ def test_promtool_accepts_the_rules():
         [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_waiting_standby_is_not_alerted_on(tmp_path):
+    """A standby (cdc_standby 1) is not ready and sees no heartbeat by design: CdcNotReady and
+    CdcHeartbeatNotSeen fire for a pipeline that should stream (c), not for the standby (b) nor for the one
+    that streams (a)."""
+    values = {  # instance: (cdc_ready, cdc_standby, last heartbeat seen at)
+        "a": (1, 0, 1200),
+        "b": (0, 1, 0),
+        "c": (0, 0, 0),
+    }
+    series = []
+    for instance, numbers in values.items():
+        for metric, value in zip(
+            ("cdc_ready", "cdc_standby", "cdc_last_heartbeat_seen_timestamp_seconds"), numbers, strict=True
+        ):
+            labels = f'{{job="outbox-cdc",instance="{instance}"}}'
+            series.append({"series": metric + labels, "values": f"{value}x30"})
+    by_name = {r["alert"]: r for r in rules()}
+
+    def fired(alert: str) -> dict:
+        rule = by_name[alert]
+        annotations = {k: v.replace("{{ $labels.instance }}", "c") for k, v in rule["annotations"].items()}
+        expected = {"exp_labels": {**rule["labels"], "job": "outbox-cdc", "instance": "c"}}
+        return {
+            "eval_time": "20m",
+            "alertname": alert,
+            "exp_alerts": [{**expected, "exp_annotations": annotations}],
+        }
+
+    test = tmp_path / "standby-test.yml"
+    test.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(RULES)],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": series,
+                        "alert_rule_test": [fired("CdcNotReady"), fired("CdcHeartbeatNotSeen")],
+                    }
+                ],
+            }
+        )
+    )
+    done = subprocess.run(
+        [promtool(), "test", "rules", str(test)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

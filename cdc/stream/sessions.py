@@ -272,6 +272,9 @@ class Sessions:
         self._sender.alone = None
         self._close_source()
         self._publisher.drop()  # exactly-once: its records are refused or behind a refusal
+        # The failed deliveries are known now: what the replay meets is tracked afresh, from what may be
+        # confirmed (with exactly-once, what committed Kafka transactions cover).
+        self._acks.restart(self._confirmer.confirmable())
         self._sink.reset()
         self._routes.forget()  # topic limits are read again
         self.replays += 1

@@ -150,3 +150,52 @@ def test_no_two_modules_import_each_other() -> None:
         if a < b and a in graph.get(b, set()) and not (a.startswith(b + ".") or b.startswith(a + "."))
     )
     assert circles == []
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of the import graph, of any length (the strongly connected components of more than one
+    module, Tarjan's algorithm); a package's __init__ re-exporting its own modules is no edge."""
+    edges = {
+        a: {b for b in targets if b in graph and not (b.startswith(a + ".") or a.startswith(b + "."))}
+        for a, targets in graph.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_of_any_length() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_a_circle_of_three_is_found() -> None:
+    graph = {"cdc.a": {"cdc.b"}, "cdc.b": {"cdc.c"}, "cdc.c": {"cdc.a"}, "cdc.d": {"cdc.a"}}
+    assert circles(graph) == [["cdc.a", "cdc.b", "cdc.c"]]

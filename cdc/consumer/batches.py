@@ -1,5 +1,12 @@
-"""The consumer's batch loop: many records in one database transaction and one offset commit, sized to
-take about ``BATCH_SECONDS``; a batch in which a handler fails is replayed record by record.
+"""The consumer's batch path: many records in one database transaction and one offset commit, sized to take
+about ``BATCH_SECONDS``; the record at which a batch fails takes the per-record path.
+
+:class:`Batches` owns what it learns while it runs: the time a record takes (which sizes the next batch),
+whether the handlers may run in psycopg's pipeline mode, and whether the guard rows may be written before the
+records are decoded. It gets everything else in its constructor: the service's connection and handlers, the
+per-record path (``one_by_one``, :meth:`cdc.consumer.records.Records.process`) for the record that ends a
+batch, ``counted`` for each event's outcome, ``done`` to commit past the records a batch finished, and the
+stop event.
 
 The handlers of a batch run in psycopg's pipeline mode: their statements are sent without waiting for each
 one's result, so a batch costs a few round trips instead of one per statement (a handler that reads a result
@@ -26,14 +33,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import psycopg
 
-from cdc.avro.deserialize import Event
+from cdc.avro.deserialize import Event, KafkaMessage
+from cdc.config import TableRef
 from cdc.consumer.processed import mark_many, send_mark_many
-from cdc.consumer.records import Records
+from cdc.consumer.records import BatchHandler, Handler
 
 log = logging.getLogger("cdc.consumer")
 
@@ -56,10 +66,51 @@ class _Halve(Exception):
     known."""
 
 
-class Batches(Records):
-    """Batches of records, each in one transaction."""
+class Batches:
+    """Batches of records, each in one transaction of ``conn`` (autocommit: each ``transaction()`` commits).
 
-    def _process_batch(self, records: list[Any]) -> None:
+    ``batch_handler`` (or else ``handler``, once per new event) makes the effects; ``pipeline`` lets the
+    handlers run in psycopg's pipeline mode."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        handler: Handler,
+        batch_handler: BatchHandler | None,
+        deserializer: Callable[[KafkaMessage], Event],
+        table: TableRef,
+        name: str,
+        batch_size: int,
+        pipeline: bool,
+        one_by_one: Callable[[Any, Event | None, BaseException | None], None],
+        counted: Callable[[Event, bool], None],
+        done: Callable[..., None],
+        stop: threading.Event,
+    ) -> None:
+        self._conn = conn
+        self._handler = handler
+        self._batch_handler = batch_handler
+        self._deserializer = deserializer
+        self._table = table
+        self._name = name
+        self._batch_size = batch_size
+        self._one_by_one = one_by_one
+        self._counted = counted
+        self._done = done
+        self._stop = stop
+        self._per_record = 0.0  # seconds per record, a moving average: sizes the next batch
+        self._pipelined = pipeline  # off for good once a handler used what the pipeline cannot carry
+        self._early_guard = True  # off for good once an event's id was not its header's
+
+    def next_size(self) -> int:
+        """How many records the next batch should take: about BATCH_SECONDS' worth, so that rebalances and
+        max.poll.interval.ms never wait long for it; 1 until a batch was timed."""
+        if not self._per_record:
+            return 1
+        return max(1, min(self._batch_size, int(BATCH_SECONDS / self._per_record)))
+
+    def process(self, records: list[Any]) -> None:
         """Records in as few transactions as possible: a commit (an fsync) per record would bound a
         service to a few hundred events/s. The first record that does not go through cleanly ends the
         batch before it and takes the per-record path (retries, dead letters, crashes) with the error it
@@ -68,25 +119,19 @@ class Batches(Records):
         while i < len(records) and not self._stop.is_set():
             done, failed = self._apply_batch(records[i:])
             if done:
-                self._commit(*records[i : i + done])
+                self._done(*records[i : i + done])
             i += done
             # The record after a committed prefix takes the per-record path when it failed, or when it
             # could not join a batch (undecodable); after a halved batch the rest is a batch again.
             if i < len(records) and not self._stop.is_set() and (failed is not None or not done):
                 event, error = failed or (None, None)
-                self._process(records[i], event, error)
+                self._one_by_one(records[i], event, error)
                 i += 1
         if records:
             per_record = (time.monotonic() - started) / len(records)
             self._per_record = (
                 per_record if not self._per_record else 0.7 * self._per_record + 0.3 * per_record
             )
-
-    def _next_batch_size(self) -> int:
-        # Sized so that a batch takes about BATCH_SECONDS: rebalances and max.poll.interval.ms wait for it.
-        if not self._per_record:
-            return 1
-        return max(1, min(self.batch_size, int(BATCH_SECONDS / self._per_record)))
 
     def _apply_batch(self, records: list[Any]) -> tuple[int, tuple[Event, BaseException] | None]:
         """``(records committed, (event, error) of the record that ended the batch, if any)``: one
@@ -98,7 +143,7 @@ class Batches(Records):
         ids = _header_ids(records) if self._early_guard and len(records) > 1 else None
         events: list[Event] = [] if ids is not None else self._decoded(records)
         failed: tuple[Event, BaseException] | None = None
-        pipelined = self._pipelined and len(records) > 1 and self.batch_handler is None
+        pipelined = self._pipelined and len(records) > 1 and self._batch_handler is None
         while events or ids is not None:
             early, ids = (None if ids is None else (records, ids)), None
             try:
@@ -112,7 +157,7 @@ class Batches(Records):
             except _Halve as halve:
                 log.info(
                     "consumer %s: the batch handler raised %s for %d events; the first half is done again",
-                    self.name,
+                    self._name,
                     type(halve.__cause__).__name__,
                     len(events),
                 )
@@ -137,7 +182,7 @@ class Batches(Records):
         events: list[Event] = []
         for message in records:
             try:
-                event = self.deserializer(message)
+                event = self._deserializer(message)
             except Exception:
                 break
             if not event.id:
@@ -155,21 +200,21 @@ class Batches(Records):
         """The guard rows of ``events`` and the handlers of the new ones, in one transaction: the ids
         handled. Raises _BatchEnded for the handler that raised when that handler is known to be the one
         that failed; in pipeline mode it may not be, and the error is raised as it is. With ``early``
-        (records, their header ids), ``events`` is empty and filled here, decoded while the guard runs."""
-        assert self._conn is not None, "run() opens the connection"
+        (records, their header ids), ``events`` is empty and filled here, decoded while the guard runs.
+        The one place where a batch runs the service's handler, once per new event."""
         with self._conn.transaction():
             if early is not None:
                 new = self._guard_while_decoding(*early, events)
             else:
-                new = mark_many(self._conn, self.table, [e.id for e in events], self.name)
-            if self.batch_handler is not None:
+                new = mark_many(self._conn, self._table, [e.id for e in events], self._name)
+            if self._batch_handler is not None:
                 return self._batch_effects(events, new)
             handled: set[str] = set()
             with self._conn.pipeline() if pipelined else contextlib.nullcontext() as pipeline:
                 for index, event in enumerate(events):
                     if event.id in new and event.id not in handled:
                         try:
-                            self.handler(self._conn, event)
+                            self._handler(self._conn, event)
                         except Exception as exc:
                             if pipeline is not None and not self._own_error(pipeline, exc):
                                 raise
@@ -181,12 +226,11 @@ class Batches(Records):
         """Send the guard statement for ``ids``, decode ``records`` into ``events`` while PostgreSQL runs
         it, then read which ids are new. _Undecodable when a record cannot be decoded or its event's id is
         not its header's (a deserializer of the service's own: then never again)."""
-        assert self._conn is not None
         with self._conn.pipeline():
-            sent = send_mark_many(self._conn, self.table, ids, self.name)
+            sent = send_mark_many(self._conn, self._table, ids, self._name)
             for message, expected in zip(records, ids, strict=True):
                 try:
-                    event = self.deserializer(message)
+                    event = self._deserializer(message)
                 except Exception:
                     raise _Undecodable() from None
                 if event.id != expected:
@@ -198,8 +242,9 @@ class Batches(Records):
     def _batch_effects(self, events: list[Event], new: set[str]) -> set[str]:
         """The batch handler, once, for the new events (each id once, in the order read): the ids handled.
         When it raises, the event to blame is known only when there was one new event (_BatchEnded);
-        otherwise _Halve: the batch is done again in halves until the failing event is alone."""
-        assert self._conn is not None and self.batch_handler is not None
+        otherwise _Halve: the batch is done again in halves until the failing event is alone. The one place
+        where the service's batch handler runs."""
+        assert self._batch_handler is not None
         fresh: list[Event] = []
         handled: set[str] = set()
         for event in events:
@@ -208,7 +253,7 @@ class Batches(Records):
                 handled.add(event.id)
         if fresh:
             try:
-                self.batch_handler(self._conn, fresh)
+                self._batch_handler(self._conn, fresh)
             except Exception as exc:
                 if len(fresh) == 1:
                     raise _BatchEnded(events.index(fresh[0]), exc) from exc
@@ -218,7 +263,6 @@ class Batches(Records):
     def _own_error(self, pipeline: psycopg.Pipeline, exc: Exception) -> bool:
         """Whether a handler's exception in pipeline mode is its own: not a database error (which may be an
         earlier statement's, surfacing at this handler's fetch), and every statement so far succeeded."""
-        assert self._conn is not None
         if isinstance(exc, psycopg.Error):
             return False
         try:
@@ -233,12 +277,12 @@ class Batches(Records):
             log.warning(
                 "consumer %s: a handler used what psycopg's pipeline mode cannot carry (%s);"
                 " batches go on without the pipeline",
-                self.name,
+                self._name,
                 type(error).__name__,
             )
         log.info(
             "consumer %s: a pipelined batch of %d records failed (%s); done again without the pipeline",
-            self.name,
+            self._name,
             size,
             type(error).__name__,
         )
@@ -246,7 +290,7 @@ class Batches(Records):
     def _count_batch(self, events: list[Event], handled: set[str]) -> None:
         counted: set[str] = set()
         for event in events:  # an id twice in one batch: the second is a duplicate
-            self._count(event, event.id in handled and event.id not in counted)
+            self._counted(event, event.id in handled and event.id not in counted)
             counted.add(event.id)
 
 

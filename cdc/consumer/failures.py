@@ -53,7 +53,9 @@ __all__ = [
     "classify",
     "dead_letter_headers",
     "dead_letter_records",
+    "error_name",
     "error_reason",
+    "record_at",
 ]
 
 Disposition = Literal["retry", "dead_letter", "crash"]
@@ -118,6 +120,19 @@ def error_reason(exc: BaseException) -> str:
     if isinstance(exc, RetriesExhaustedError):
         return "retries_exhausted"
     return "error"
+
+
+def error_name(exc: BaseException) -> str:
+    """The exception as logs name it: its class, and its reason when it makes a dead letter (never its
+    message, which may hold values)."""
+    if classify(exc) == "dead_letter":
+        return f"{type(exc).__name__} ({error_reason(exc)})"
+    return type(exc).__name__
+
+
+def record_at(message: KafkaMessage) -> str:
+    """Where a record is, as logs and errors name it: ``topic[partition]@offset``."""
+    return f"{message.topic()}[{message.partition()}]@{message.offset()}"
 
 
 def dead_letter_headers(message: KafkaMessage, exc: BaseException, consumer: str) -> list[tuple[str, bytes]]:

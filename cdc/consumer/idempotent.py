@@ -54,10 +54,21 @@ finished and committed before the partition goes; an offset whose commit failed 
 :meth:`IdempotentConsumer.serve` stops on SIGTERM/SIGINT after the current record, commits, leaves the group
 and returns, or exits 1 when that takes longer than ``shutdown_timeout`` (uncommitted work is re-read).
 Payloads are never logged; dead-letter headers carry the handler's message, so keep values out of it.
+
+The consumer is made of parts, each with its own state, put together in one place
+(:meth:`IdempotentConsumer.run`, once the connections are open; docs/consumers.md draws them):
+:class:`~cdc.consumer.session.Session` (the Kafka consumer, rebalances and the offsets),
+:class:`~cdc.consumer.batches.Batches` (the batch path), :class:`~cdc.consumer.records.Records` (the
+per-record path: retries and dead letters) and :class:`~cdc.consumer.dead_letters.DeadLetters` (the
+dead-letter producer). This class owns the settings, the stop, and the counts the parts add to.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -65,19 +76,19 @@ from typing import Any, Literal
 import psycopg
 
 from cdc.avro.deserialize import Event, EventDeserializer, KafkaMessage
-from cdc.config import PARTITIONERS, TableRef
-from cdc.consumer.failures import (
-    RetryPolicy,
-)
+from cdc.config import TableRef
+from cdc.consumer.batches import Batches
+from cdc.consumer.dead_letters import DeadLetters, producer_config
+from cdc.consumer.failures import RetryPolicy
 from cdc.consumer.processed import DEFAULT_TABLE
-from cdc.consumer.records import BatchHandler, Handler
+from cdc.consumer.records import BatchHandler, Handler, Records
 from cdc.consumer.session import Session, consumer_config
-from cdc.errors import (
-    ConfigError,
-)
+from cdc.errors import ConfigError, ConsumerError, first_line
+
+log = logging.getLogger("cdc.consumer")
 
 
-class IdempotentConsumer(Session):
+class IdempotentConsumer:
     """Consume ``topics`` with group ``group_id`` (default ``name``) and call ``handler`` once per event.
 
     ``name`` is the ``consumer`` column of ``processed_events``: keep it stable across deployments of the
@@ -130,9 +141,7 @@ class IdempotentConsumer(Session):
         if batch_size < 1:
             raise ConfigError("batch_size must be at least 1", key="batch_size")
         self.batch_size = batch_size
-        self._per_record = 0.0  # seconds per record, a moving average: sizes the next batch
-        self._pipelined = pipeline  # a batch's handlers in psycopg's pipeline mode (cdc.consumer.batches)
-        self._early_guard = True  # guard rows sent before the batch is decoded (cdc.consumer.batches)
+        self._pipeline = pipeline  # a batch's handlers in psycopg's pipeline mode (cdc.consumer.batches)
         self._database_url = database_url
         self._conf = consumer_config(bootstrap_servers, group_id or name, kafka_config)
         poll_interval = float(self._conf.get("max.poll.interval.ms", 300_000)) / 1000
@@ -143,29 +152,102 @@ class IdempotentConsumer(Session):
                 f"max.poll.interval.ms ({poll_interval:g} s)",
                 key="retry",
             )
-        # The dead-letter producer needs only the connection and security settings of the consumer's config.
-        self._producer_conf = {
-            k: v for k, v in self._conf.items() if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))
-        }
-        if partitioner not in PARTITIONERS:
-            raise ConfigError(
-                f"partitioner must be one of {', '.join(PARTITIONERS)}, got {partitioner!r}",
-                key="partitioner",
-            )
-        # The pipeline's partitioner (Java's by default): a dead letter lands where its aggregate lives.
-        self._producer_conf.update(
-            {
-                "enable.idempotence": True,
-                "acks": "all",
-                "message.timeout.ms": 30_000,
-                "partitioner": partitioner,
-            }
-        )
-        self._stop = threading.Event()
+        self._producer_conf = producer_config(self._conf, partitioner)
+        self._stop = threading.Event()  # handed to the parts: the loop, a batch and a retry's sleep end on it
         self._watchdog: threading.Timer | None = None
         self._hard_deadline = False
-        self._pending: dict[tuple[str, int], int] = {}  # offsets processed but not yet committed
-        self._consumer: Any = None
-        self._producer: Any = None
-        self._conn: psycopg.Connection[Any] | None = None
         self.counts = {"processed": 0, "duplicate": 0, "dead_lettered": 0, "retried": 0}
+
+    def serve(self) -> None:
+        """:meth:`run` with SIGTERM/SIGINT handlers; the process exits 1 if stopping overruns the bound."""
+        self._hard_deadline = True
+
+        def stop(signum: int, _frame: object) -> None:
+            log.info("received %s: stopping after the current record", signal.Signals(signum).name)
+            self.request_stop()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+
+    def request_stop(self) -> None:
+        """Stop after the current record (safe from a signal handler or another thread)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._hard_deadline:
+            self._watchdog = threading.Timer(self.shutdown_timeout, self._overdue)
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _overdue(self) -> None:
+        # A handler that hangs must not keep the process (and its partitions) forever; nothing uncommitted is
+        # lost: the server rolls back the open transaction and the group re-reads the record.
+        log.error("consumer %s did not stop within %g s: exiting 1", self.name, self.shutdown_timeout)
+        sys.stderr.flush()
+        os._exit(1)
+
+    def run(self) -> None:
+        """Consume until :meth:`request_stop`; a crash propagates after rolling back (module docstring).
+
+        Opens the service's database, the dead-letter producer and the Kafka consumer, in this order, puts
+        the parts together around them (:meth:`_assemble`), and closes them in reverse order: leaving the
+        group commits what is pending first."""
+        session = Session(self._conf, self.topics, name=self.name, poll_timeout=self.poll_timeout)
+        letters = DeadLetters(self._producer_conf, self.dlq_topic, consumer=self.name, counts=self.counts)
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            try:
+                conn = psycopg.connect(self._database_url, autocommit=True, connect_timeout=10)
+            except psycopg.OperationalError as exc:
+                raise ConsumerError(f"cannot connect to the service database: {first_line(exc)}") from exc
+            letters.open()
+            session.open()
+            batches = self._assemble(conn, session, letters)
+            while not self._stop.is_set():
+                batches.process(session.poll(batches.next_size()))
+        finally:
+            try:
+                session.close()
+            finally:
+                letters.close()
+                if conn is not None:
+                    conn.close()
+        log.info("consumer %s stopped: %s", self.name, self.counts)
+
+    def _assemble(self, conn: psycopg.Connection[Any], session: Session, letters: DeadLetters) -> Batches:
+        """The parts that process records, each handed what it needs: the one place where the service's
+        handler and batch handler are given to the consumer's code (to wrap them, a tracing span around
+        each call say, wrap them here)."""
+        records = Records(
+            conn,
+            handler=self.handler,
+            deserializer=self.deserializer,
+            table=self.table,
+            name=self.name,
+            retry=self.retry,
+            on_retries_exhausted=self.on_retries_exhausted,
+            dead_letter=letters.send,
+            done=session.done,
+            stop=self._stop,
+            counts=self.counts,
+        )
+        return Batches(
+            conn,
+            handler=self.handler,
+            batch_handler=self.batch_handler,
+            deserializer=self.deserializer,
+            table=self.table,
+            name=self.name,
+            batch_size=self.batch_size,
+            pipeline=self._pipeline,
+            one_by_one=records.process,
+            counted=records.counted,
+            done=session.done,
+            stop=self._stop,
+        )

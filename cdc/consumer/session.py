@@ -1,31 +1,30 @@
-"""The consumer's session: its connections, the consume loop, offset commits, rebalances and shutdown.
+"""The consumer's session with its Kafka group: the librdkafka consumer, what it asks it for, and the offsets.
 
-Rebalance callbacks run inside ``poll()``, between records, so a revoked partition's current record is
-finished and committed before the partition goes; an offset whose commit failed is retried on revocation.
-SIGTERM/SIGINT stop after the current record, or exit 1 past ``shutdown_timeout``.
+:class:`Session` owns the Kafka consumer (made by :meth:`Session.open`, closed by :meth:`Session.close`) and
+the offsets of finished records that the broker has not confirmed yet. It knows nothing of the service's
+database, its handlers or its dead-letter topic: the parts that process records call :meth:`Session.done`
+with the records whose effects the database has committed, and it commits past them.
+
+Offsets are committed without waiting for the broker: the effects are already in the database, so an offset
+only saves a redelivery (which the guard rows acknowledge as a duplicate), and waiting cost each batch a round
+trip (about a tenth of its time). An offset stays pending until the broker confirms it (librdkafka's
+``on_commit``, served inside ``consume()``); a failed commit stays pending and the next one carries it.
+
+Rebalance callbacks run inside ``consume()``, between batches, so a revoked partition's records are finished
+and committed before it goes: what is pending for it is committed synchronously then (and by the close,
+which revokes everything). A lost partition already belongs to another member: its pending offsets are
+dropped, the guard rows cover the redelivery.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import sys
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-import psycopg
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from cdc.consumer.batches import Batches
-from cdc.consumer.records import _parts
-from cdc.errors import (
-    ConfigError,
-    ConsumerError,
-    TopicMissingError,
-    first_line,
-)
+from cdc.errors import ConfigError, ConsumerError
 
 log = logging.getLogger("cdc.consumer")
 
@@ -73,116 +72,116 @@ def consumer_config(
     return conf
 
 
-class Session(Batches):
-    """Connections, the consume loop, commits, rebalances, stopping."""
+class Session:
+    """The group membership of one consumer: records in, offsets out.
 
-    def serve(self) -> None:
-        """:meth:`run` with SIGTERM/SIGINT handlers; the process exits 1 if stopping overruns the bound."""
-        self._hard_deadline = True
+    ``kafka`` makes the librdkafka consumer from its settings (``confluent_kafka.Consumer``; a fake in the
+    unit tests)."""
 
-        def stop(signum: int, _frame: object) -> None:
-            log.info("received %s: stopping after the current record", signal.Signals(signum).name)
-            self.request_stop()
+    def __init__(
+        self,
+        conf: Mapping[str, Any],
+        topics: Sequence[str],
+        *,
+        name: str,
+        poll_timeout: float,
+        kafka: Callable[[dict[str, Any]], Any] = Consumer,
+    ) -> None:
+        self._conf = dict(conf)
+        self._topics = list(topics)
+        self._name = name
+        self._poll_timeout = poll_timeout
+        self._make_consumer = kafka
+        self._consumer: Any = None
+        self._pending: dict[tuple[str, int], int] = {}  # (topic, partition): the offset to commit
 
-        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self.run()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            if self._watchdog is not None:
-                self._watchdog.cancel()
+    @property
+    def pending(self) -> dict[tuple[str, int], int]:
+        """The offsets committed and not yet confirmed by the broker, by ``(topic, partition)`` (a copy)."""
+        return dict(self._pending)
 
-    def request_stop(self) -> None:
-        """Stop after the current record (safe from a signal handler or another thread)."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        if self._hard_deadline:
-            self._watchdog = threading.Timer(self.shutdown_timeout, self._overdue)
-            self._watchdog.daemon = True
-            self._watchdog.start()
+    def open(self) -> None:
+        """Make the Kafka consumer and join the group (the assignment comes with the first ``poll``)."""
+        self._consumer = self._make_consumer({**self._conf, "on_commit": self._on_committed})
+        self._consumer.subscribe(
+            self._topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        log.info("consumer %s subscribed to %s (group %s)", self._name, self._topics, self._conf["group.id"])
 
-    def _overdue(self) -> None:
-        # A handler that hangs must not keep the process (and its partitions) forever; nothing uncommitted is
-        # lost: the server rolls back the open transaction and the group re-reads the record.
-        log.error("consumer %s did not stop within %g s: exiting 1", self.name, self.shutdown_timeout)
-        sys.stderr.flush()
-        os._exit(1)
+    def close(self) -> None:
+        """Leave the group: librdkafka revokes everything first, which commits what is pending."""
+        if self._consumer is not None:
+            self._consumer.close()
 
-    def run(self) -> None:
-        """Consume until :meth:`request_stop`; a crash propagates after rolling back (module docstring)."""
-        try:
-            self._open()
-            while not self._stop.is_set():
-                records = []
-                for message in self._poll(self._next_batch_size()):
-                    if (err := message.error()) is None:
-                        records.append(message)
-                    elif err.fatal():
-                        raise ConsumerError(f"Kafka consumer failed: {err.str()}")
-                    else:
-                        log.warning("Kafka: %s", err.str())
-                self._process_batch(records)
-        finally:
-            self._close()
-        log.info("consumer %s stopped: %s", self.name, self.counts)
-
-    def _poll(self, size: int) -> list[Any]:
+    def poll(self, size: int) -> list[Any]:
         """Up to ``size`` records without waiting for that many: what is queued now, or else the first to
         arrive within ``poll_timeout`` and what came with it. ``consume(size, timeout)`` waits for ``size``
         records or the timeout, which held every record of a consumer that keeps up for up to
-        ``poll_timeout`` (its batches sized for a backlog)."""
-        messages: list[Any] = self._consumer.consume(size, 0)
+        ``poll_timeout`` (its batches sized for a backlog). A fatal Kafka error raises ConsumerError; any
+        other is logged and left to librdkafka, which recovers from it."""
+        consume = self._consumer.consume
+        messages: list[Any] = consume(size, 0)
         if not messages:
-            messages = self._consumer.consume(1, self.poll_timeout)
+            messages = consume(1, self._poll_timeout)
             if messages and size > 1:
-                messages += self._consumer.consume(size - 1, 0)
-        return messages
+                messages += consume(size - 1, 0)
+        records = []
+        for message in messages:
+            if (err := message.error()) is None:
+                records.append(message)
+            elif err.fatal():
+                raise ConsumerError(f"Kafka consumer failed: {err.str()}")
+            else:
+                log.warning("Kafka: %s", err.str())
+        return records
 
-    def _open(self) -> None:
+    def done(self, *messages: Any) -> None:
+        """Commit past ``messages``, whose effects the database has committed (a batch may span partitions:
+        each one's offset is noted, in order), asynchronously: pending until the broker confirms it."""
+        for message in messages:
+            self._pending[(message.topic(), message.partition())] = message.offset() + 1
+        self._commit_pending(list(self._pending), asynchronous=True)
+
+    def _commit_pending(self, keys: list[tuple[str, int]], *, asynchronous: bool = False) -> None:
+        offsets = [TopicPartition(t, p, self._pending[(t, p)]) for t, p in keys if (t, p) in self._pending]
+        if not offsets:
+            return
         try:
-            self._conn = psycopg.connect(self._database_url, autocommit=True, connect_timeout=10)
-        except psycopg.OperationalError as exc:
-            raise ConsumerError(f"cannot connect to the service database: {first_line(exc)}") from exc
-        try:
-            self._producer = Producer(self._producer_conf)
-            known = self._producer.list_topics(timeout=10).topics
+            done = self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
         except KafkaException as exc:
-            raise ConsumerError(f"Kafka does not answer: {exc.args[0]}") from exc
-        if self.dlq_topic not in known:
-            raise TopicMissingError(
-                f"the dead-letter topic {self.dlq_topic!r} does not exist: create it first"
-            )
-        self._consumer = Consumer({**self._conf, "on_commit": self._on_committed})
-        self._consumer.subscribe(
-            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-        )
-        log.info("consumer %s subscribed to %s (group %s)", self.name, self.topics, self._conf["group.id"])
+            # Safe to leave: the database already holds the guard row, so a redelivery is a duplicate.
+            self._on_committed(exc.args[0], [])
+            return
+        if not asynchronous:
+            self._on_committed(None, done or offsets)
 
-    def _close(self) -> None:
-        try:
-            if self._consumer is not None:
-                self._consumer.close()  # revokes everything (committing pending offsets) and leaves the group
-        finally:
-            if self._producer is not None:
-                self._producer.flush(5)
-            if self._conn is not None:
-                self._conn.close()
+    def _on_committed(self, error: KafkaError | None, partitions: list[Any]) -> None:
+        """What the broker confirmed is no longer pending (librdkafka's ``on_commit``; and the result of a
+        synchronous commit). A failed commit stays pending: the next one carries it."""
+        if error is not None:
+            log.warning("offset commit failed (%s): retried with the next commit", error.str())
+            return
+        for tp in partitions:
+            if tp.error is None and self._pending.get((tp.topic, tp.partition)) == tp.offset:
+                del self._pending[(tp.topic, tp.partition)]
 
     def _on_assign(self, _consumer: Any, partitions: list[Any]) -> None:
-        log.info("consumer %s assigned %s", self.name, _parts(partitions))
+        log.info("consumer %s assigned %s", self._name, _parts(partitions))
 
     def _on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
-        # Called inside poll(), so the current record is finished: commit what it left before the move.
+        # Called inside consume(), so the batch is finished: commit what it left before the move.
         keys = [(tp.topic, tp.partition) for tp in partitions]
         self._commit_pending(keys)
         for key in keys:
             self._pending.pop(key, None)
-        log.info("consumer %s revoked %s", self.name, _parts(partitions))
+        log.info("consumer %s revoked %s", self._name, _parts(partitions))
 
     def _on_lost(self, _consumer: Any, partitions: list[Any]) -> None:
         # The partitions already belong to another member: a commit would be refused; the guard covers it.
         for tp in partitions:
             self._pending.pop((tp.topic, tp.partition), None)
-        log.warning("consumer %s lost %s", self.name, _parts(partitions))
+        log.warning("consumer %s lost %s", self._name, _parts(partitions))
+
+
+def _parts(partitions: list[Any]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"

@@ -38,6 +38,7 @@ from typing import Any
 import psycopg
 
 import cdc.consumer
+import cdc.consumer.batches
 import cdc.consumer.records
 from cdc.consumer import Event, PermanentError, RetryableError
 from examples import invoice_service
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> int:
         cdc.consumer.records.mark_processed = no_guard  # type: ignore[assignment]
         # Every record on the per-record path, whose guard is the one replaced above (a batch also skips
         # an id it has seen in the same batch, which would hide the missing guard).
-        cdc.consumer.IdempotentConsumer._apply_batch = lambda self, records: (0, None)  # type: ignore[method-assign]
+        cdc.consumer.batches.Batches._apply_batch = lambda self, records: (0, None)  # type: ignore[method-assign]
     if os.environ.get("FAULT_OWN_IDS") == "1":
         read = cdc.consumer.EventDeserializer.__call__
 

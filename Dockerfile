@@ -22,7 +22,6 @@ WORKDIR /app
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && python -c "import cdc._fastpath"
 COPY schemas ./schemas
-COPY slot_setup ./slot_setup
 USER cdc
 ENV CDC_SCHEMAS_DIR=/app/schemas CDC_FAST_PATH=required
 ENTRYPOINT ["cdc"]

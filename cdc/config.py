@@ -191,7 +191,8 @@ class Settings:
     subject_name_strategy: str = "topic_record"
     topic_partitions: int = 3
     partitioner: str = "murmur2_random"  # Java's; PARTITIONERS
-    topic_replication_factor: int = 1
+    # None: the brokers' own default.replication.factor (CreateTopics with -1), never a silent 1.
+    topic_replication_factor: int | None = None
     create_topics: bool = True
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"

@@ -100,7 +100,12 @@ def _exit_now(seconds: float) -> None:
 @click.option(
     "--role",
     metavar="NAME",
-    help="Also create a least-privilege role (LOGIN REPLICATION) for `cdc run` (letters, digits and _).",
+    help=(
+        "Also create (or fix) a least-privilege role for `cdc run` (letters, digits and _), with no password "
+        "(set it yourself). It gets: LOGIN and REPLICATION (on Amazon RDS: membership in rds_replication); "
+        "USAGE on the outbox's schema; SELECT on the outbox table; SELECT, INSERT, UPDATE on cdc_heartbeat; "
+        "SELECT, INSERT, UPDATE on cdc_checkpoint. Nothing else."
+    ),
 )
 @click.option("--failover", is_flag=True, help="Create the slot as a failover slot (PostgreSQL 17+).")
 @handles_errors

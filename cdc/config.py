@@ -35,6 +35,7 @@ __all__ = [
     "KafkaSettings",
     "Settings",
     "TableRef",
+    "created_at_missing",
     "describe_dsn",
     "redact_dsn",
     "validate_kafka_config",
@@ -251,6 +252,29 @@ class Settings:
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={v!r}" for k, v in self.redacted().items() if k != "sources")
         return f"Settings({items})"
+
+
+def created_at_missing(settings: Settings, needed_by: str, otherwise: str = "") -> ConfigError:
+    """The refusal of a command that chooses rows by creation time when ``columns`` maps no such column (the
+    debezium preset has none), with the two steps that give it one (docs/operations.md, "Moving from
+    Debezium")."""
+    preset = next(
+        (n for n, p in PRESETS.items() if p.as_dict() | {"created_at": None} == settings.columns.as_dict()),
+        None,
+    )
+    mapping = (
+        f'columns = {{ preset = "{preset}", created_at = "created_at" }}'
+        if preset
+        else 'columns.created_at = "created_at"'
+    )
+    return ConfigError(
+        f"{needed_by} needs the outbox's creation-time column, and 'columns' maps none"
+        f"{' (the ' + preset + ' preset has none)' if preset else ''}. Add one with a default, so that the "
+        f"applications' inserts stay as they are: ALTER TABLE {settings.table} ADD COLUMN created_at "
+        f'timestamptz NOT NULL DEFAULT now(); then map it: {mapping} (docs/operations.md, "Moving from '
+        f'Debezium"){otherwise}',
+        key="columns.created_at",
+    )
 
 
 def _is_secret(key: str) -> bool:

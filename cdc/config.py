@@ -226,7 +226,8 @@ class Settings:
     on_slot_active: str = "refuse"  # "wait": a standby that takes over when the slot is released
     # "exactly-once": Kafka transactions with the checkpoint inside (cdc.stream.transactions).
     delivery: str = "at-least-once"
-    transactional_id: str | None = None  # None: derived from the database and the slot
+    # None: outbox-cdc.<PostgreSQL's system identifier>.<slot> (cdc.stream.transactions).
+    transactional_id: str | None = None
     checkpoint_topic: str = "outbox.cdc.checkpoints"
     transaction_max_events: int = 200_000
     transaction_max_seconds: float = 0.1

@@ -154,3 +154,20 @@ def test_the_role_option_lists_every_grant_of_07_role_sql():
             if not word.startswith("NO"):  # what it is refused is not a grant
                 assert word in help_text, (word, help_text)
     assert "GRANT rds_replication" in script and "rds_replication" in help_text
+
+
+def test_the_scripts_name_only_files_that_exist():
+    """A path a script's comments give (the test that found its grants, a module) is there to be read."""
+    from pathlib import Path
+
+    from cdc.ops.setup import SCRIPTS_DIR
+
+    root = Path(__file__).resolve().parents[3]
+    named = {
+        (script.name, path)
+        for script in SCRIPTS_DIR.glob("*.sql")
+        for path in re.findall(r"\b((?:tests|cdc|docs)/[\w/.-]+\.(?:py|md|sql))", script.read_text())
+    }
+    assert named, "the scripts name no file: is the pattern still right?"
+    missing = [(script, path) for script, path in named if not (root / path).is_file()]
+    assert not missing, missing

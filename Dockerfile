@@ -53,8 +53,6 @@ RUN echo 'cdc:x:10001:10001:outbox CDC:/app:/usr/sbin/nologin' >>/etc/passwd \
 COPY --from=build /opt/cdc /opt/cdc
 WORKDIR /app
 COPY schemas ./schemas
-# `cdc setup` finds its SQL in the working directory (cdc/ops/setup.py) until it ships as package data.
-COPY slot_setup ./slot_setup
 USER 10001:10001
 ENV PATH=/opt/cdc/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \

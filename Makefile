@@ -14,11 +14,27 @@ help: ## list the targets
 # to build the compiled hot path (rust/; without cargo the install is pure Python).
 CARGO_BIN := $(HOME)/.cargo/bin
 
-$(STAMP): pyproject.toml rust/Cargo.toml $(wildcard rust/src/*.rs)
+# Whether the compiled path is built is part of the install: its stamp names the cargo found and whether
+# cdc/_fastpath*.so exists. A cargo installed (or upgraded) since the last install, or an extension that is
+# gone, changes the name, so the install runs again and builds it; a build that failed with this very cargo is
+# not retried at every make (the install said why, and it warns below).
+CARGO_VERSION := $(word 2,$(shell PATH="$(CARGO_BIN):$$PATH" cargo --version 2>/dev/null))
+fastpath_state = cargo-$(or $(CARGO_VERSION),none)-$(if $(wildcard cdc/_fastpath*.so),built,unbuilt)
+FASTPATH_STAMP := $(VENV)/.fastpath-$(fastpath_state)
+
+$(STAMP): pyproject.toml rust/Cargo.toml $(wildcard rust/src/*.rs) $(FASTPATH_STAMP)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	PATH="$(CARGO_BIN):$$PATH" $(BIN)/pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.fastpath-*; state=$$(ls cdc/_fastpath*.so >/dev/null 2>&1 && echo built || echo unbuilt); \
+	touch "$(VENV)/.fastpath-cargo-$(or $(CARGO_VERSION),none)-$$state"; \
+	if [ $$state = unbuilt ]; then echo "make install: the compiled hot path is not built ($(if \
+	$(CARGO_VERSION),cargo $(CARGO_VERSION) failed: see the output above,no cargo in PATH or $(CARGO_BIN))); \
+	cdc runs the pure-Python path (docs/compiled-loop.md)"; fi
 	touch $(STAMP)
+
+$(VENV)/.fastpath-%:
+	@mkdir -p $(VENV) && touch $@
 
 install: $(STAMP) ## create .venv with the project (editable) and the dev tools
 

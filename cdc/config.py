@@ -35,6 +35,7 @@ __all__ = [
     "KafkaSettings",
     "Settings",
     "TableRef",
+    "created_at_missing",
     "describe_dsn",
     "redact_dsn",
     "validate_kafka_config",
@@ -191,7 +192,8 @@ class Settings:
     subject_name_strategy: str = "topic_record"
     topic_partitions: int = 3
     partitioner: str = "murmur2_random"  # Java's; PARTITIONERS
-    topic_replication_factor: int = 1
+    # None: the brokers' own default.replication.factor (CreateTopics with -1), never a silent 1.
+    topic_replication_factor: int | None = None
     create_topics: bool = True
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -224,7 +226,8 @@ class Settings:
     on_slot_active: str = "refuse"  # "wait": a standby that takes over when the slot is released
     # "exactly-once": Kafka transactions with the checkpoint inside (cdc.stream.transactions).
     delivery: str = "at-least-once"
-    transactional_id: str | None = None  # None: derived from the database and the slot
+    # None: outbox-cdc.<PostgreSQL's system identifier>.<slot> (cdc.stream.transactions).
+    transactional_id: str | None = None
     checkpoint_topic: str = "outbox.cdc.checkpoints"
     transaction_max_events: int = 200_000
     transaction_max_seconds: float = 0.1
@@ -250,6 +253,29 @@ class Settings:
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={v!r}" for k, v in self.redacted().items() if k != "sources")
         return f"Settings({items})"
+
+
+def created_at_missing(settings: Settings, needed_by: str, otherwise: str = "") -> ConfigError:
+    """The refusal of a command that chooses rows by creation time when ``columns`` maps no such column (the
+    debezium preset has none), with the two steps that give it one (docs/operations.md, "Moving from
+    Debezium")."""
+    preset = next(
+        (n for n, p in PRESETS.items() if p.as_dict() | {"created_at": None} == settings.columns.as_dict()),
+        None,
+    )
+    mapping = (
+        f'columns = {{ preset = "{preset}", created_at = "created_at" }}'
+        if preset
+        else 'columns.created_at = "created_at"'
+    )
+    return ConfigError(
+        f"{needed_by} needs the outbox's creation-time column, and 'columns' maps none"
+        f"{' (the ' + preset + ' preset has none)' if preset else ''}. Add one with a default, so that the "
+        f"applications' inserts stay as they are: ALTER TABLE {settings.table} ADD COLUMN created_at "
+        f'timestamptz NOT NULL DEFAULT now(); then map it: {mapping} (docs/operations.md, "Moving from '
+        f'Debezium"){otherwise}',
+        key="columns.created_at",
+    )
 
 
 def _is_secret(key: str) -> bool:

@@ -18,7 +18,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc.config import (
@@ -37,9 +36,11 @@ from cdc.config import (
     Settings,
     TableRef,
     _is_secret,
+    _producer_error,
     redact_dsn,
     validate_kafka_config,
 )
+from cdc.config_dsn import check_database_url
 from cdc.errors import ConfigError
 
 _KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(Settings) if f.name not in ("kafka", "sources")}
@@ -106,6 +107,7 @@ def _environment(environ: Mapping[str, str]) -> dict[str, tuple[object, str]]:
             key = _ENV[name]
         elif name.startswith("CDC_KAFKA_") and len(name) > len("CDC_KAFKA_"):
             key = "kafka." + name[len("CDC_KAFKA_") :].lower().replace("_", ".")
+            _refuse_a_near_miss(name, key.removeprefix("kafka."), value)
         else:
             hint = difflib.get_close_matches(name, [*_ENV, "CDC_CONFIG"], n=1)
             raise ConfigError(
@@ -119,15 +121,31 @@ def _environment(environ: Mapping[str, str]) -> dict[str, tuple[object, str]]:
     return out
 
 
+def _refuse_a_near_miss(name: str, librdkafka_key: str, value: str) -> None:
+    """``CDC_KAFKA_BOOTSTRAP_SERVER`` is librdkafka's ``bootstrap.server``, which does not exist: the
+    variable meant is one of ours, a letter away. Said only when librdkafka has no such property."""
+    near = difflib.get_close_matches(name, [n for n in _ENV if n.startswith("CDC_KAFKA_")], n=1, cutoff=0.9)
+    if near and "No such configuration property" in (_producer_error({librdkafka_key: value}) or ""):
+        raise ConfigError(
+            f"unknown environment variable {name}: did you mean {near[0]}? (as a CDC_KAFKA_<KEY> variable "
+            f"it would be librdkafka's {librdkafka_key!r}, which does not exist)",
+            key=name,
+        )
+
+
 def _flatten(data: Mapping[str, Any], where: str) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in data.items():
         top = key.split(".", 1)[0]
         if top not in _TOP_KEYS or (top != "kafka" and "." in key):
-            hint = difflib.get_close_matches(key, _TOP_KEYS, n=1)
-            raise ConfigError(
-                f"unknown setting {key!r} {where}" + (f"; did you mean {hint[0]!r}?" if hint else ""), key=key
-            )
+            if key.startswith("kafka_"):  # the environment's spelling, in the file
+                rest = key.removeprefix("kafka_")
+                inner = rest if rest == "bootstrap_servers" else rest.replace("_", ".")
+                hint = f"; did you mean {inner!r} in the [kafka] table ([kafka] {inner} = ...)?"
+            else:
+                close = difflib.get_close_matches(key, _TOP_KEYS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown setting {key!r} {where}{hint}", key=key)
         if key == "kafka" and not isinstance(value, Mapping):
             raise _fail(key, f" ({where})", "a table of librdkafka producer settings", value)
         if isinstance(value, Mapping) and key != "columns":
@@ -261,17 +279,7 @@ def _check(s: Settings, merged: Mapping[str, tuple[object, str]], require_databa
     if require_database and not s.database_url.strip():
         raise ConfigError("setting 'database_url' must not be empty", key="database_url")
     if require_database:
-        try:
-            conninfo_to_dict(s.database_url)
-        except psycopg.ProgrammingError:
-            # libpq's message quotes the text around the fault, which may be the password: never shown.
-            raise ConfigError(
-                f"setting 'database_url'{where('database_url')} is not a connection string libpq can read: "
-                "write a URI (postgresql://user@host:5432/dbname) or key=value pairs, quoting a value with "
-                "spaces or quotes as password='a b' and percent-encoding such characters in a URI (its "
-                "text is not shown: it may hold a password)",
-                key="database_url",
-            ) from None
+        check_database_url(s.database_url, where("database_url"))
     if s.database_password_file is not None and s.database_password_command is not None:
         raise ConfigError(
             "settings 'database_password_file' and 'database_password_command' both give the password: "

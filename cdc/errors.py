@@ -4,18 +4,24 @@ Every error the library raises on purpose is a :class:`CdcError`. Library errors
 fastavro) are wrapped at the stage boundary with ``raise ... from exc``, so ``__cause__`` keeps the original
 and ``lsn`` says where in the WAL the pipeline was when it happened.
 
+The exit codes follow one rule, for supervisors (systemd's ``RestartPreventExitStatus=2``, Kubernetes):
+**exit 2 only when a restart cannot help** (a setting, a right, a slot or publication that must be made, a
+refusal an operator must answer); everything an outage causes (Kafka or PostgreSQL unreachable, at the
+start or while running, a delivery that timed out) exits 1, and the restart goes on from the slot.
+docs/design.md ("Exit codes") has the table of causes.
+
 ```
 CdcError                          exit 1 unless a subclass says otherwise
 ├── ConfigError                   exit 2: a setting is missing, unknown or invalid (names the key and the fix)
-├── StartupRefusal                exit 2: the environment is not fit to stream; nothing was changed
+├── StartupRefusal                exit 2: the environment is not fit to stream, and a restart would not make
+│                                 it so (an operator must act); nothing was changed
 │   ├── WalLevelError             wal_level is not 'logical'
 │   ├── SlotMissingError          the replication slot does not exist (never re-created silently)
 │   ├── SlotInvalidatedError      Postgres invalidated the slot (wal_status = 'lost')
 │   ├── SlotActiveError           another process is streaming from the slot
 │   ├── PublicationError          the publication is missing or does not cover the outbox table
 │   ├── RecoveryUnfinishedError   a `cdc recover` of the slot did not finish: run it again
-│   ├── PartitionerChangeError    the slot published with another partitioner: confirm the switch
-│   └── BrokerUnreachableError    Kafka did not answer within the start-up wait
+│   └── PartitionerChangeError    the slot published with another partitioner: confirm the switch
 ├── AccessDeniedError             exit 2: a server refused who we are (TLS, password, SASL) or what we may do
 │                                 (an ACL), at the start or while running; names the setting or the right
 ├── SourceError                   the replication stream (PostgreSQL side)
@@ -32,6 +38,7 @@ CdcError                          exit 1 unless a subclass says otherwise
 │   ├── EventTooLargeError        the record is above the producer's message.max.bytes or the topic's limit
 │   └── EventRefusedError         Kafka refused the record itself (INVALID_RECORD, INVALID_TIMESTAMP)
 ├── SinkError                     the Kafka side
+│   ├── BrokerUnreachableError    exit 1: Kafka did not answer within the start-up wait (an outage: restart)
 │   ├── TopicMissingError         the topic does not exist and may not be created
 │   ├── RegistryUnavailableError  the schema registry does not answer or fails: events wait, with backoff
 │   └── DeliveryError             Kafka reported a fatal or timed-out delivery: the pipeline stops
@@ -139,7 +146,10 @@ class ConfigError(CdcError):
 
 
 class StartupRefusal(CdcError):
-    """The environment is not fit to stream. Raised before anything is read or confirmed."""
+    """The environment is not fit to stream, and a restart would not make it so: a setting of the server, a
+    missing slot or publication, another pipeline on the slot, a decision to confirm. Raised before anything
+    is read or confirmed. An outage is never one (it exits 1: :class:`BrokerUnreachableError`,
+    :class:`SourceConnectionError`)."""
 
     exit_code = 2
 
@@ -165,10 +175,6 @@ class SlotActiveError(StartupRefusal):
 
 
 class PublicationError(StartupRefusal):
-    pass
-
-
-class BrokerUnreachableError(StartupRefusal):
     pass
 
 
@@ -259,6 +265,13 @@ class AggregateTypeNotAllowedError(EventError):
 
 class SinkError(CdcError):
     pass
+
+
+class BrokerUnreachableError(SinkError):
+    """Kafka did not answer within ``startup_timeout`` (metadata, ``init_transactions``). An outage, not a
+    refusal: exit 1, so that the supervisor's restart waits for it again (a wrong address looks the same,
+    and the restarts' lines say it; an address, a certificate or a password Kafka refuses is an
+    :class:`AccessDeniedError`)."""
 
 
 class TopicMissingError(SinkError):

@@ -85,7 +85,11 @@ def check_schemas(schemas_dir: str | os.PathLike[str], mode: str) -> CheckReport
     root = Path(schemas_dir)
     report = CheckReport(root, mode)
     if not root.is_dir():
-        report.problems.append(f"{root} is not a directory (setting schemas_dir)")
+        where = "" if root.is_absolute() else f", relative to the working directory {Path.cwd()}"
+        report.problems.append(
+            f"{root} is not a directory (setting schemas_dir: {root.absolute()}{where}; give an absolute "
+            "path when the process starts elsewhere)"
+        )
         return report
     for entry in sorted(root.iterdir()):
         if entry.is_dir():

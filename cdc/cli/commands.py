@@ -17,6 +17,7 @@ import click
 
 from cdc.cli.options import build_settings, handles_errors, settings_options
 from cdc.logs import configure_logging
+from cdc.notify import Notifier
 from cdc.pg import database_dsn
 
 log = logging.getLogger("cdc")
@@ -44,10 +45,13 @@ def run(config_file: Path | None, accept_partitioner_change: bool, **flags: Any)
 
     pipeline = Pipeline(settings, accept_partitioner_change=accept_partitioner_change)
     deadline: list[threading.Timer] = []
+    notifier: Notifier | None = None
 
     def stop(signum: int, _frame: object) -> None:
         log.info("received %s: stopping after in-flight events are acknowledged", signal.Signals(signum).name)
         seconds = pipeline.request_stop()
+        if notifier is not None:
+            notifier.stopping()
         if not deadline:  # however frozen a connection is, the process ends within shutdown_timeout
             # Before anything streamed (a start waiting on Kafka, PostgreSQL or the registry), nothing is in
             # flight: the process ends within a second, with 0, whatever wait it is in.
@@ -68,6 +72,10 @@ def run(config_file: Path | None, accept_partitioner_change: bool, **flags: Any)
 
         server = MetricsServer(pipeline, settings.metrics_port, settings.metrics_host)
         server.start()
+    # systemd's Type=notify: READY once streaming, WATCHDOG while the loop turns (cdc.notify).
+    notifier = Notifier.from_environment(pipeline)
+    if notifier is not None:
+        notifier.start()
     # What start-up allocated (modules, settings, clients) lives as long as the process: out of the
     # collector's reach, a full collection scans only the stream's own objects (~35 ms less per pause).
     gc.freeze()
@@ -76,6 +84,8 @@ def run(config_file: Path | None, accept_partitioner_change: bool, **flags: Any)
     finally:
         if server is not None:
             server.stop()
+        if notifier is not None:
+            notifier.close()
         # Shut down and confirmed: a late second signal must not turn the clean exit into a kill while
         # the interpreter winds down (it restores the default handlers, and librdkafka's teardown takes time).
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -105,7 +115,12 @@ def _exit_now(seconds: float, code: int) -> None:
 @click.option(
     "--role",
     metavar="NAME",
-    help="Also create a least-privilege role (LOGIN REPLICATION) for `cdc run` (letters, digits and _).",
+    help=(
+        "Also create (or fix) a least-privilege role for `cdc run` (letters, digits and _), with no password "
+        "(set it yourself). It gets: LOGIN and REPLICATION (on Amazon RDS: membership in rds_replication); "
+        "USAGE on the outbox's schema; SELECT on the outbox table; SELECT, INSERT, UPDATE on cdc_heartbeat; "
+        "SELECT, INSERT, UPDATE on cdc_checkpoint. Nothing else."
+    ),
 )
 @click.option("--failover", is_flag=True, help="Create the slot as a failover slot (PostgreSQL 17+).")
 @handles_errors
@@ -270,10 +285,11 @@ def config() -> None:
 
 @config.command("show")
 @settings_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of TOML-like lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of TOML.")
 @handles_errors
 def config_show(config_file: Path | None, as_json: bool, **flags: Any) -> None:
-    """Print the effective settings, secrets redacted, with where each value came from."""
+    """Print the effective settings as TOML that reads back as the same settings (secrets as ***), with
+    where each value came from."""
     settings = build_settings(config_file, **flags)
     data = settings.redacted()
     data.pop("sources", None)  # shown as the comment of each line, or left out of the JSON
@@ -282,7 +298,25 @@ def config_show(config_file: Path | None, as_json: bool, **flags: Any) -> None:
         return
     for key, value in _flatten(data):
         source = settings.sources.get(key, "default")
-        click.echo(f"{key} = {json.dumps(value, default=str)}  # {source}")
+        # A librdkafka key's dots are not TOML tables: quoted, it reads back as the one key it is.
+        name = f'kafka."{key[6:]}"' if key.startswith("kafka.") and key != "kafka.bootstrap_servers" else key
+        # TOML has no null: a setting that is not set is a comment.
+        line = f"# {name} is not set" if value is None else f"{name} = {_toml(value)}"
+        click.echo(f"{line}  # {source}")
+
+
+def _toml(value: Any) -> str:
+    """A TOML value. A JSON string is a TOML basic string when it is not ASCII-escaped (TOML takes no
+    surrogate escapes); a column that does not exist is false in the columns table."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(False if v is None else v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

@@ -42,7 +42,8 @@ def settings_options(func: F) -> F:
         click.option("--topic-template", help="Topic per event, e.g. outbox.event.{aggregate_type}."),
         click.option("--dlq-topic", help="Dead-letter topic."),
         click.option(
-            "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
+            "--log-level",
+            type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
         ),
         click.option("--log-format", type=click.Choice(["text", "json"])),
     ]

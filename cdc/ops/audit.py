@@ -37,11 +37,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.config import Settings
+from cdc.config import Settings, created_at_missing
 from cdc.errors import (
     AuditError,
     AuditRefusedError,
-    ConfigError,
     InvalidTopicError,
     SourceConnectionError,
     first_line,
@@ -105,11 +104,7 @@ def plan(
 ) -> Window:
     """The window to judge, or the refusal that says which bound to move."""
     if settings.columns.created_at is None:
-        raise ConfigError(
-            "the audit chooses rows by their creation time: set columns.created_at (the debezium preset has "
-            "none)",
-            key="columns.created_at",
-        )
+        raise created_at_missing(settings, "`cdc audit`, which chooses rows by their creation time,")
     saved = read_position(conn, settings)
     if saved is None or saved.commit_time is None:
         raise AuditRefusedError(

@@ -32,8 +32,8 @@ import psycopg
 from psycopg import sql
 
 from cdc import fastpath
-from cdc.config import Settings
-from cdc.errors import ConfigError, DeliveryRefusedError, RecoveryError
+from cdc.config import Settings, created_at_missing
+from cdc.errors import DeliveryRefusedError, RecoveryError
 from cdc.pg import database_dsn
 from cdc.stream.checkpoint import Acks, SourceTransaction
 from cdc.stream.deadletters import DeadLetters
@@ -109,10 +109,10 @@ def _where(settings: Settings, rows: RowFilter) -> tuple[sql.Composable, list[An
         params += [rows.committed_since] * (1 if cols.created_at is None else 2)
     if rows.since is not None or rows.until is not None:
         if cols.created_at is None:
-            raise ConfigError(
-                "--since and --until need the outbox's creation-time column: set columns.created_at (the "
-                "debezium preset has none), or choose rows by --id, --aggregate-type or --event-type",
-                key="columns.created_at",
+            raise created_at_missing(
+                settings,
+                "choosing rows by --since or --until",
+                "; or choose rows by --id, --aggregate-type or --event-type",
             )
         created = sql.Identifier(cols.created_at)
         if rows.since is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.config import Settings
+from cdc.config import Settings, created_at_missing
 from cdc.errors import AuditRefusedError, ConfigError
 from cdc.pg import DELETE_LOCKED, connect, database_dsn, tracks_commit_timestamps
 from cdc.stream.progress import checkpoint_table, read_position
@@ -69,10 +69,10 @@ def prune(
     only when `cdc audit` covered every one of them."""
     created_at = settings.columns.created_at
     if created_at is None:
-        raise ConfigError(
-            "pruning needs the outbox's creation-time column: set columns.created_at (the debezium preset "
-            "has none), or partition the table by time and drop old partitions instead",
-            key="columns.created_at",
+        raise created_at_missing(
+            settings,
+            "`cdc outbox prune`",
+            "; or partition the table by time and drop old partitions instead (--drop-partitions)",
         )
     if batch_size < 1:
         raise ConfigError("--batch-size must be at least 1", key="batch_size")

@@ -1,4 +1,5 @@
-"""`cdc setup`: render the SQL scripts of ``slot_setup/`` with the configured names and apply them.
+"""`cdc setup`: render the SQL scripts of ``cdc/slot_setup/`` (package data) with the configured names and
+apply them.
 
 The scripts are numbered and idempotent, so ``cdc setup`` may run on every deploy. Before anything, the
 server is checked for what logical decoding needs, and the fix is spelled out when it is missing.
@@ -25,7 +26,8 @@ from cdc.stream.progress import CHECKPOINT_TABLE, checkpoint_table, read_positio
 
 log = logging.getLogger("cdc.setup")
 
-SCRIPTS_DIR = Path(__file__).resolve().parents[2] / "slot_setup"
+# Package data (pyproject.toml): in a checkout, an editable install and a wheel alike.
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "slot_setup"
 _WHEN = re.compile(r"--\s*when:(\w+)\s*$")
 _MARKER = re.compile(r"\{\{(\w+)\}\}")
 # Roles are named like the other settings' identifiers (cdc.config): ASCII, no `$` (the role goes inside the
@@ -40,13 +42,13 @@ class SetupStep:
 
 
 def script_dir() -> Path:
-    """slot_setup/ next to the package (a checkout) or in the working directory (an installed wheel)."""
-    for candidate in (SCRIPTS_DIR, Path.cwd() / "slot_setup"):
-        if candidate.is_dir():
-            return candidate
-    raise CdcError(
-        "the slot_setup/ SQL scripts were not found next to the package or in the working directory"
-    )
+    """The SQL scripts, shipped inside the package (cdc/slot_setup/)."""
+    if not any(SCRIPTS_DIR.glob("*.sql")):
+        raise CdcError(
+            f"the SQL scripts of `cdc setup` are missing from {SCRIPTS_DIR}: the installation of outbox-cdc "
+            "is incomplete. Reinstall it (pip install --force-reinstall outbox-cdc)"
+        )
+    return SCRIPTS_DIR
 
 
 def _ident(*names: str) -> str:

@@ -82,6 +82,145 @@ def check_wal_level(conn: psycopg.Connection[Any]) -> None:
         )
 
 
+def check_may_stream(conn: psycopg.Connection[Any]) -> None:
+    """Refuse, with the fix, a role that may not stream (Amazon RDS and Aurora give streaming through
+    membership in their rds_replication role)."""
+    user, may_stream, rds = conn.execute(
+        "SELECT current_user, rolreplication OR rolsuper OR CASE WHEN to_regrole('rds_replication')"
+        " IS NULL THEN false ELSE pg_has_role(current_user, 'rds_replication', 'MEMBER') END,"
+        " to_regrole('rds_replication') IS NOT NULL FROM pg_roles WHERE rolname = current_user"
+    ).fetchone() or ("?", False, False)
+    if not may_stream:
+        lacks, fix = (
+            ("is not a member of rds_replication", f"GRANT rds_replication TO {quote_ident(user)}")
+            if rds
+            else ("lacks the REPLICATION attribute", f"ALTER ROLE {quote_ident(user)} REPLICATION")
+        )
+        raise StartupRefusal(
+            f"role '{user}' may not stream: it {lacks}. Fix: {fix}; or connect as the role that "
+            "`cdc setup --role` creates"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRow:
+    """What pg_replication_slots says of a slot that is fit to stream from."""
+
+    confirmed: str | None
+    restart: str | None
+    wal_status: str | None
+    failover: bool
+    active_pid: int | None  # the walsender that holds it, when active
+
+
+def check_slot(conn: psycopg.Connection[Any], slot: str) -> SlotRow:
+    """Refuse a slot that is missing, of another kind or database, invalidated, or a standby's synchronized
+    copy; the slot's row otherwise (whether another process holds it is the caller's question)."""
+    server_version = conn.info.server_version
+    dbname = conn.info.dbname
+    # PostgreSQL 17 names why a slot was invalidated, marks failover slots, and the copies of them that a
+    # standby keeps in sync (which cannot be streamed from before a promotion).
+    extra = (
+        ", invalidation_reason, failover, synced AND pg_is_in_recovery()"
+        if server_version >= 170000
+        else ", NULL, false, false"
+    )
+    row = conn.execute(
+        "SELECT plugin, slot_type, database, active, active_pid, wal_status,"
+        f" confirmed_flush_lsn::text, restart_lsn::text{extra}"
+        " FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        raise SlotMissingError(
+            f"replication slot '{slot}' does not exist. A first start: create it with `cdc setup`. "
+            "A lost slot: run `cdc recover`, which republishes from the outbox table what the old one "
+            "had not delivered and re-creates it. It is never created automatically, because a new slot "
+            "starts at the current WAL position and would skip every event committed since the old one "
+            "was lost"
+        )
+    (
+        plugin,
+        slot_type,
+        database,
+        active,
+        active_pid,
+        wal_status,
+        confirmed,
+        restart,
+        reason,
+        failover,
+        synced_copy,
+    ) = row
+    if slot_type != "logical" or plugin != "pgoutput":
+        raise StartupRefusal(
+            f"replication slot '{slot}' is a {slot_type} slot of plugin {plugin!r}; "
+            "outbox CDC needs a logical slot of plugin 'pgoutput'"
+        )
+    if database != dbname:
+        raise StartupRefusal(
+            f"replication slot '{slot}' belongs to database '{database}', "
+            f"but the pipeline connects to '{dbname}': fix database_url or slot"
+        )
+    if wal_status == "lost" or restart is None or reason is not None:
+        why = f"invalidation_reason = {reason}" if reason else "wal_status = lost"
+        raise SlotInvalidatedError(
+            f"replication slot '{slot}' was invalidated by PostgreSQL ({why}): the changes it "
+            f"held are gone and events may be missing (confirmed LSN {confirmed or 'unknown'}). Run "
+            "`cdc recover`: it republishes from the outbox table what the slot had not delivered and "
+            "re-creates it"
+        )
+    if synced_copy:
+        raise SourceConnectionError(
+            f"the server is a standby and slot '{slot}' is its synchronized copy of the primary's, "
+            "which cannot be streamed from before a promotion. "
+            "Connect to the primary (a multi-host database_url with target_session_attrs=read-write "
+            "follows a promotion)"
+        )
+    return SlotRow(confirmed, restart, wal_status, bool(failover), active_pid if active else None)
+
+
+def slot_in_use(slot: str, pid: int) -> SlotActiveError:
+    return SlotActiveError(
+        f"replication slot '{slot}' is in use by another process (pid {pid}); "
+        "only one pipeline may stream from a slot. Stop the other one first",
+        pid=pid,
+    )
+
+
+def check_publication(conn: psycopg.Connection[Any], publication: str, table: tuple[str, str]) -> None:
+    """Refuse a publication that is missing, or does not publish the outbox table's inserts under its own
+    name."""
+    if scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)) == 0:
+        raise PublicationError(f"publication '{publication}' does not exist; create it with `cdc setup`")
+    via_root = scalar(
+        conn,
+        "SELECT p.pubviaroot FROM pg_publication p, pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s AND n.nspname = %s"
+        " AND c.relname = %s AND c.relkind = 'p'",
+        (publication, table[0], table[1]),
+    )
+    if via_root is False:
+        raise PublicationError(
+            f"{table[0]}.{table[1]} is partitioned, and publication '{publication}' publishes its "
+            "inserts under the partitions' names, which the pipeline does not know. Fix: ALTER "
+            f"PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true); "
+            "(`cdc setup` does it)"
+        )
+    covered = scalar(
+        conn,
+        "SELECT count(*) FROM pg_publication_tables t JOIN pg_publication p ON p.pubname = t.pubname "
+        "WHERE t.pubname = %s AND t.schemaname = %s AND t.tablename = %s AND p.pubinsert",
+        (publication, table[0], table[1]),
+    )
+    if covered == 0:
+        raise PublicationError(
+            f"publication '{publication}' does not publish inserts of {table[0]}.{table[1]}. Fix: "
+            f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {quote_ident(table[0])}."
+            f"{quote_ident(table[1])}, or correct the 'table' setting"
+        )
+
+
 def preflight(
     dsn: str,
     *,
@@ -100,131 +239,31 @@ def preflight(
     with connect(dsn, timeout=timeout or DEFAULT_QUERY_TIMEOUT) as conn:
         server_version = conn.info.server_version
         check_wal_level(conn)
-        # Amazon RDS and Aurora give streaming through membership in their rds_replication role.
-        user, may_stream, rds = conn.execute(
-            "SELECT current_user, rolreplication OR rolsuper OR CASE WHEN to_regrole('rds_replication')"
-            " IS NULL THEN false ELSE pg_has_role(current_user, 'rds_replication', 'MEMBER') END,"
-            " to_regrole('rds_replication') IS NOT NULL FROM pg_roles WHERE rolname = current_user"
-        ).fetchone() or ("?", False, False)
-        if not may_stream:
-            lacks, fix = (
-                ("is not a member of rds_replication", f"GRANT rds_replication TO {quote_ident(user)}")
-                if rds
-                else ("lacks the REPLICATION attribute", f"ALTER ROLE {quote_ident(user)} REPLICATION")
-            )
-            raise StartupRefusal(
-                f"role '{user}' may not stream: it {lacks}. Fix: {fix}; or connect as the role that "
-                "`cdc setup --role` creates"
-            )
-        dbname = conn.info.dbname
-        # PostgreSQL 17 names why a slot was invalidated, marks failover slots, and the copies of them that a
-        # standby keeps in sync (which cannot be streamed from before a promotion).
-        extra = (
-            ", invalidation_reason, failover, synced AND pg_is_in_recovery()"
-            if server_version >= 170000
-            else ", NULL, false, false"
-        )
-        row = conn.execute(
-            "SELECT plugin, slot_type, database, active, active_pid, wal_status,"
-            f" confirmed_flush_lsn::text, restart_lsn::text{extra}"
-            " FROM pg_replication_slots WHERE slot_name = %s",
-            (slot,),
-        ).fetchone()
-        if row is None:
-            raise SlotMissingError(
-                f"replication slot '{slot}' does not exist. A first start: create it with `cdc setup`. "
-                "A lost slot: run `cdc recover`, which republishes from the outbox table what the old one "
-                "had not delivered and re-creates it. It is never created automatically, because a new slot "
-                "starts at the current WAL position and would skip every event committed since the old one "
-                "was lost"
-            )
-        (
-            plugin,
-            slot_type,
-            database,
-            active,
-            active_pid,
-            wal_status,
-            confirmed,
-            restart,
-            reason,
-            failover,
-            synced_copy,
-        ) = row
-        if slot_type != "logical" or plugin != "pgoutput":
-            raise StartupRefusal(
-                f"replication slot '{slot}' is a {slot_type} slot of plugin {plugin!r}; "
-                "outbox CDC needs a logical slot of plugin 'pgoutput'"
-            )
-        if database != dbname:
-            raise StartupRefusal(
-                f"replication slot '{slot}' belongs to database '{database}', "
-                f"but the pipeline connects to '{dbname}': fix database_url or slot"
-            )
-        if wal_status == "lost" or restart is None or reason is not None:
-            why = f"invalidation_reason = {reason}" if reason else "wal_status = lost"
-            raise SlotInvalidatedError(
-                f"replication slot '{slot}' was invalidated by PostgreSQL ({why}): the changes it "
-                f"held are gone and events may be missing (confirmed LSN {confirmed or 'unknown'}). Run "
-                "`cdc recover`: it republishes from the outbox table what the slot had not delivered and "
-                "re-creates it"
-            )
-        if synced_copy:
-            raise SourceConnectionError(
-                f"the server is a standby and slot '{slot}' is its synchronized copy of the primary's, "
-                "which cannot be streamed from before a promotion. "
-                "Connect to the primary (a multi-host database_url with target_session_attrs=read-write "
-                "follows a promotion)"
-            )
-        if active and silence is not None and _end_stale_walsender(conn, slot, active_pid, silence):
-            active = False
-        if active:
-            raise SlotActiveError(
-                f"replication slot '{slot}' is in use by another process (pid {active_pid}); "
-                "only one pipeline may stream from a slot. Stop the other one first",
-                pid=active_pid,
-            )
+        check_may_stream(conn)
+        found = check_slot(conn, slot)
+        active_pid = found.active_pid
+        if (
+            active_pid is not None
+            and silence is not None
+            and _end_stale_walsender(conn, slot, active_pid, silence)
+        ):
+            active_pid = None
+        if active_pid is not None:
+            raise slot_in_use(slot, active_pid)
         created_lsn = None
         if checkpoint_table is not None:
             saved = check_not_recovering(conn, checkpoint_table, slot)
             created_lsn = None if saved is None else saved.slot_created_lsn
-        if scalar(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)) == 0:
-            raise PublicationError(f"publication '{publication}' does not exist; create it with `cdc setup`")
-        via_root = scalar(
-            conn,
-            "SELECT p.pubviaroot FROM pg_publication p, pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s AND n.nspname = %s"
-            " AND c.relname = %s AND c.relkind = 'p'",
-            (publication, table[0], table[1]),
-        )
-        if via_root is False:
-            raise PublicationError(
-                f"{table[0]}.{table[1]} is partitioned, and publication '{publication}' publishes its "
-                "inserts under the partitions' names, which the pipeline does not know. Fix: ALTER "
-                f"PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true); "
-                "(`cdc setup` does it)"
-            )
-        covered = scalar(
-            conn,
-            "SELECT count(*) FROM pg_publication_tables t JOIN pg_publication p ON p.pubname = t.pubname "
-            "WHERE t.pubname = %s AND t.schemaname = %s AND t.tablename = %s AND p.pubinsert",
-            (publication, table[0], table[1]),
-        )
-        if covered == 0:
-            raise PublicationError(
-                f"publication '{publication}' does not publish inserts of {table[0]}.{table[1]}. Fix: "
-                f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {quote_ident(table[0])}."
-                f"{quote_ident(table[1])}, or correct the 'table' setting"
-            )
+        check_publication(conn, publication, table)
         if check_failover:
             failover_slots.warn_at_start(conn, dsn, slot)
     return SlotInfo(
         slot=slot,
-        confirmed_flush_lsn=parse_lsn(confirmed) if confirmed else 0,
-        restart_lsn=parse_lsn(restart) if restart else 0,
-        wal_status=wal_status,
+        confirmed_flush_lsn=parse_lsn(found.confirmed) if found.confirmed else 0,
+        restart_lsn=parse_lsn(found.restart) if found.restart else 0,
+        wal_status=found.wal_status,
         server_version=server_version,
-        failover=bool(failover),
+        failover=found.failover,
         created_lsn=created_lsn,
     )
 

@@ -140,6 +140,26 @@ def settle_partitioner(settings: Settings, *, accept_change: bool = False) -> No
         ) from exc
 
 
+def published_with(position: SavedPosition | None) -> str | None:
+    """The partitioner the slot's events were published with; None for a slot that published nothing."""
+    used = None if position is None else position.partitioner
+    if used is None and position is not None and position.confirmed_lsn is not None:
+        used = UNRECORDED_PARTITIONER
+    return used
+
+
+def partitioner_change(settings: Settings, used: str) -> PartitionerChangeError:
+    wanted = settings.partitioner
+    return PartitionerChangeError(
+        f"slot '{settings.slot}' published its events with partitioner = '{used}', and partitioner = "
+        f"'{wanted}' would put the same keys on other partitions: each aggregate's events would be "
+        "split over two partitions at the switch, out of order for its consumers. Keep "
+        f"partitioner = '{used}' (CDC_PARTITIONER), or switch on purpose: let the consumers drain "
+        "the topics (every event read, no older one left on an aggregate's old partition), then "
+        "start once with `cdc run --accept-partitioner-change`"
+    )
+
+
 def _settle_partitioner(settings: Settings, accept_change: bool) -> None:
     table = checkpoint_table(settings)
     wanted = settings.partitioner
@@ -153,20 +173,11 @@ def _settle_partitioner(settings: Settings, accept_change: bool) -> None:
         if not exists or not exists[0]:
             return  # an older setup: PositionWriter says to run `cdc setup`
         position = _read(conn, table, settings.slot)
-        used = None if position is None else position.partitioner
-        if used is None and position is not None and position.confirmed_lsn is not None:
-            used = UNRECORDED_PARTITIONER
+        used = published_with(position)
         if used == wanted and position is not None and position.partitioner == wanted:
             return
         if used not in (None, wanted) and not accept_change:
-            raise PartitionerChangeError(
-                f"slot '{settings.slot}' published its events with partitioner = '{used}', and partitioner = "
-                f"'{wanted}' would put the same keys on other partitions: each aggregate's events would be "
-                "split over two partitions at the switch, out of order for its consumers. Keep "
-                f"partitioner = '{used}' (CDC_PARTITIONER), or switch on purpose: let the consumers drain "
-                "the topics (every event read, no older one left on an aggregate's old partition), then "
-                "start once with `cdc run --accept-partitioner-change`"
-            )
+            raise partitioner_change(settings, used)
         if used not in (None, wanted):
             log.warning(
                 "partitioner changed from '%s' to '%s' (--accept-partitioner-change): keys move to other "

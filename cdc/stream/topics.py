@@ -24,7 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from cdc.config import Settings
-from cdc.errors import BrokerUnreachableError, SinkError, TopicMissingError
+from cdc.errors import BrokerUnreachableError, ConfigError, SinkError, TopicMissingError
 from cdc.stream.access import (
     TOPIC_AUTHORIZATION_FAILED,
     ConnectionErrors,
@@ -182,7 +182,7 @@ class Topics:
         new = NewTopic(
             topic,
             num_partitions=partitions or s.topic_partitions,
-            replication_factor=s.topic_replication_factor,
+            replication_factor=s.topic_replication_factor or -1,  # -1: the brokers' default
             config=config or {},
         )
         try:
@@ -191,6 +191,14 @@ class Topics:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 return
+            if isinstance(err, KafkaError) and err.code() == KafkaError.INVALID_REPLICATION_FACTOR:
+                factor = s.topic_replication_factor or "the brokers' default.replication.factor"
+                raise ConfigError(
+                    f"Kafka refused to create topic '{topic}' with replication factor {factor} "
+                    f"({kafka_reason(exc)}): set topic_replication_factor to at most the number of brokers, "
+                    "or create the topic beforehand",
+                    key="topic_replication_factor",
+                ) from exc
             if isinstance(err, KafkaError) and err.code() in (
                 TOPIC_AUTHORIZATION_FAILED,
                 KafkaError.CLUSTER_AUTHORIZATION_FAILED,
@@ -204,10 +212,10 @@ class Topics:
                 ) from exc
             raise SinkError(f"cannot create topic '{topic}': {kafka_reason(exc)}") from exc
         log.info(
-            "created topic %s (%d partitions, replication factor %d%s)",
+            "created topic %s (%d partitions, replication factor %s%s)",
             topic,
             partitions or s.topic_partitions,
-            s.topic_replication_factor,
+            s.topic_replication_factor or "the brokers' default.replication.factor",
             "".join(f", {k}={v}" for k, v in (config or {}).items()),
         )
 

@@ -27,11 +27,11 @@ def test_config_show_redacts_and_names_the_sources(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert PLANT not in result.output
-    lines = dict(line.split(" = ", 1) for line in result.output.splitlines())
+    lines = dict(line.split(" = ", 1) for line in result.output.splitlines() if not line.startswith("#"))
     assert lines["slot"] == f'"from_file"  # in {config}'
     assert lines["publication"] == '"from_flag"  # from the overrides'
     assert lines["database_url"].startswith('"postgresql://app:***@db.internal:5432/shop"')
-    assert lines["kafka.sasl.password"] == f'"***"  # in {config}'
+    assert lines['kafka."sasl.password"'] == f'"***"  # in {config}'
     assert "sources" not in lines
 
 
@@ -64,3 +64,46 @@ def test_setup_dry_run_prints_the_sql_without_a_database():
     assert result.exit_code == 0, result.output
     assert "pg_create_logical_replication_slot('s1', 'pgoutput')" in result.output
     assert "CREATE PUBLICATION" in result.output
+
+
+def test_config_show_reads_back_as_the_same_settings(tmp_path):
+    """`cdc config show` is TOML: pasted into a file, it loads as the settings it shows (secrets as ***)."""
+    import tomllib
+
+    from cdc.config_loader import load_settings
+
+    config = tmp_path / "cdc.toml"
+    config.write_text(
+        'columns = { preset = "debezium", created_at = "created_at" }\n'
+        'aggregate_types = ["order", "invoice"]\n'
+        'schemas_dir = "schémas/ünï \\"quoted\\" 😀"\n'
+        "[kafka]\n"
+        '"security.protocol" = "SASL_SSL"\n'
+        '"sasl.mechanism" = "SCRAM-SHA-512"\n'
+        '"sasl.username" = "cdc"\n'
+        '"sasl.password" = "s3cr3t"\n'
+        '"socket.timeout.ms" = "30000"\n'
+    )
+    env = {
+        "CDC_DATABASE_URL": "postgresql://cdc:pw@db:5432/app?sslmode=verify-full",
+        "CDC_TRANSACTION_MAX_SECONDS": "0.25",
+        "CDC_MAX_DEAD_LETTERS": "100",
+        "CDC_CREATE_TOPICS": "false",
+    }
+    shown = run(["config", "show", "--config", str(config), "--log-level", "critical"], env)
+    assert shown.exit_code == 0, shown.output
+    data = tomllib.loads(shown.output)  # valid TOML
+    again = tmp_path / "again.toml"
+    again.write_text(shown.output)
+    before = load_settings(config_file=config, environ=env, overrides={"log_level": "critical"}).redacted()
+    after = load_settings(config_file=again, environ={}, overrides={}).redacted()
+    before.pop("sources"), after.pop("sources")
+    assert after == before
+    assert data["kafka"]["security.protocol"] == "SASL_SSL" and data["kafka"]["sasl.password"] == "***"
+    assert "s3cr3t" not in shown.output and ":pw@" not in shown.output
+
+
+def test_log_level_critical_is_a_choice_as_the_setting_is():
+    done = run(["config", "show", "--log-level", "CRITICAL"])
+    assert done.exit_code == 0, done.output
+    assert 'log_level = "CRITICAL"' in done.output

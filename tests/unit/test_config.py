@@ -74,7 +74,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert s.topic_template == "outbox.event.{aggregate_type}"
     assert s.dlq_topic == "outbox.dlq"
     assert s.value_format == "single-object" and s.schema_registry_url is None
-    assert (s.topic_partitions, s.topic_replication_factor, s.create_topics) == (3, 1, True)
+    assert (s.topic_partitions, s.topic_replication_factor, s.create_topics) == (3, None, True)
     assert s.metrics_port is None
     assert (s.status_interval, s.shutdown_timeout, s.delivery_timeout, s.startup_timeout) == (10, 30, 120, 30)
     assert (s.backoff_initial, s.backoff_multiplier, s.backoff_max) == (0.5, 2.0, 30.0)

@@ -58,3 +58,16 @@ def test_every_setting_is_in_the_design_table_with_its_variable_and_default():
 def test_the_design_table_names_no_setting_that_does_not_exist():
     names = {f.name for f in fields(Settings)} | {"kafka.bootstrap_servers", "kafka.<librdkafka key>"}
     assert set(documented()) <= names
+
+
+def test_the_default_transactional_id_is_described_as_it_is_made():
+    """config.py's comment and design.md's row say what cdc.stream.transactions makes when unset."""
+    from cdc.stream.transactions import transactional_id
+
+    settings = Settings(database_url="dbname=app", slot="orders")
+    assert transactional_id(settings, "7301") == "outbox-cdc.7301.orders"
+    said = "outbox-cdc.<system identifier>.<slot>"
+    assert said in DOC.read_text()
+    source = (Path(__file__).resolve().parents[2] / "cdc" / "config.py").read_text()
+    comment = source.split("    transactional_id: str | None = None", 1)[0].rsplit("\n", 2)[-2]
+    assert "outbox-cdc.<PostgreSQL's system identifier>.<slot>" in comment, comment

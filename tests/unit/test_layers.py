@@ -1,11 +1,12 @@
 """The package's layers, low to high: base < avro < stream < ops < cli. No module imports a higher layer.
 
-- base: ``errors``, ``config`` and ``config_loader``, ``logs``, ``pg``, ``fastpath`` (and the bare package
-  ``cdc``);
+- base: ``errors``, ``config``, ``config_loader`` and ``config_dsn``, ``logs``, ``pg``, ``fastpath`` (and the
+  bare package ``cdc``);
 - ``cdc.avro``: schemas, the encoder, compatibility, the registry, deserialization;
 - ``cdc.consumer`` (for the services downstream) and ``cdc.stream`` (the pipeline) sit side by side above
   avro: neither imports the other;
-- ``cdc.ops`` (setup, status, retention, dead letters) and the top-level ``outbox`` and ``metrics``;
+- ``cdc.ops`` (setup, status, retention, dead letters) and the top-level ``outbox``, ``metrics`` and
+  ``notify``;
 - ``cli`` (and ``__main__``), which may import anything.
 
 Every import counts: module level, inside a function, and under ``TYPE_CHECKING``.
@@ -20,8 +21,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cdc"
 
-BASE = {"errors", "config", "config_loader", "logs", "pg", "fastpath"}
-TOP = {"outbox", "metrics"}
+BASE = {"errors", "config", "config_loader", "config_dsn", "logs", "pg", "fastpath"}
+TOP = {"outbox", "metrics", "notify"}
 CLI = {"cli", "__main__"}
 WINGS = {"avro", "consumer", "stream", "ops"}
 

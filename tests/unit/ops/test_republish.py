@@ -45,7 +45,10 @@ def test_a_filter_is_an_and_of_its_kinds_and_an_or_within_one():
 
 
 def test_times_need_the_creation_column_which_the_debezium_preset_lacks():
-    with pytest.raises(ConfigError, match="set columns.created_at") as caught:
+    with pytest.raises(
+        ConfigError,
+        match=r"ADD COLUMN created_at .* then map it: columns = \{ preset = \"debezium\", created_at",
+    ) as caught:
         _where(settings(columns="debezium"), RowFilter(until=datetime(2026, 1, 1, tzinfo=UTC)))
     assert caught.value.key == "columns.created_at"
     where, _ = _where(settings(columns="debezium"), RowFilter(aggregate_types=("order",)))

@@ -127,3 +127,47 @@ def test_cdc_setup_refuses_a_bad_role_in_one_line_before_connecting():
             " letter or _, at most 63 characters), e.g. --role cdc_stream"
         ]
         assert "Traceback" not in result.output and "-- 01_outbox_table.sql" not in result.output
+
+
+def test_the_role_option_lists_every_grant_of_07_role_sql():
+    """`cdc setup --help` says what the role gets: every GRANT of 07_role.sql, and its attributes."""
+    from cdc.ops.setup import SCRIPTS_DIR
+    from cdc.stream.heartbeat import HEARTBEAT_TABLE
+    from cdc.stream.progress import CHECKPOINT_TABLE
+
+    (option,) = [p for p in main.commands["setup"].params if p.name == "role"]
+    help_text = option.help or ""
+    objects = {
+        "{{schema}}": "the outbox's schema",
+        "{{table}}": "the outbox table",
+        "{{heartbeat_table}}": HEARTBEAT_TABLE,
+        "{{checkpoint_table}}": CHECKPOINT_TABLE,
+    }
+    script = (SCRIPTS_DIR / "07_role.sql").read_text()
+    grants = re.findall(r"^GRANT (.+?) ON (?:SCHEMA )?(\{\{\w+\}\}) TO", script, re.M)
+    assert len(grants) == 4, grants
+    for privileges, target in grants:
+        assert target in objects, f"07_role.sql grants on {target}: name it in --role's help"
+        assert f"{privileges} on {objects[target]}" in help_text, (privileges, target, help_text)
+    for attribute in re.findall(r"(?:CREATE|ALTER) ROLE \{\{role\}\} ([A-Z ]+);", script):
+        for word in attribute.split():
+            if not word.startswith("NO"):  # what it is refused is not a grant
+                assert word in help_text, (word, help_text)
+    assert "GRANT rds_replication" in script and "rds_replication" in help_text
+
+
+def test_the_scripts_name_only_files_that_exist():
+    """A path a script's comments give (the test that found its grants, a module) is there to be read."""
+    from pathlib import Path
+
+    from cdc.ops.setup import SCRIPTS_DIR
+
+    root = Path(__file__).resolve().parents[3]
+    named = {
+        (script.name, path)
+        for script in SCRIPTS_DIR.glob("*.sql")
+        for path in re.findall(r"\b((?:tests|cdc|docs)/[\w/.-]+\.(?:py|md|sql))", script.read_text())
+    }
+    assert named, "the scripts name no file: is the pattern still right?"
+    missing = [(script, path) for script, path in named if not (root / path).is_file()]
+    assert not missing, missing

@@ -1,8 +1,9 @@
 -- requires: role
 -- A least-privilege role for `cdc run` (only with `cdc setup --role NAME`). The grants below are exactly
--- what streaming, the heartbeat, the saved position and `cdc status` need, found by tests/integration/test_role.py; nothing
--- else (no superuser, no ownership, no write access to the outbox). Its password is not set here: set it
--- yourself (ALTER ROLE ... PASSWORD) or use another authentication method, so no secret passes through cdc.
+-- what streaming, the heartbeat, the saved position and `cdc status` need, found by
+-- tests/integration/ops/test_role.py; nothing else (no superuser, no ownership, no write access to the
+-- outbox). Its password is not set here: set it yourself (ALTER ROLE ... PASSWORD) or use another
+-- authentication method, so no secret passes through cdc.
 -- REPLICATION is more than streaming this outbox, and PostgreSQL has nothing finer: with a slot of its own the
 -- role can decode every change of every table of this database, and it can drop any slot of the cluster.
 -- docs/operations.md ("Least privilege") says what a DBA can do about it.

@@ -31,6 +31,7 @@ def as_json(report: AuditReport) -> dict[str, Any]:
         "missing": report.missing,
         "missing_ids": report.missing_ids,
         "without_row": report.without_row,
+        "carried": report.carried,
         "audited_until": None if report.audited_until is None else report.audited_until.isoformat(),
     }
 
@@ -48,6 +49,11 @@ def as_table(report: AuditReport) -> list[str]:
         lines.append(
             f"{report.without_row} records of the window have no row: events emitted as logical messages "
             "(outbox_emit_message) leave none, and the audit cannot check them"
+        )
+    if report.carried:
+        lines.append(
+            f"{report.carried} rows created before the window are judged too: their transactions were open "
+            "during the last clean audit, which could not see them"
         )
     if report.missing_ids:
         more = report.missing - len(report.missing_ids)

@@ -225,3 +225,76 @@ def test_a_republished_copy_counts_as_published_and_a_logical_message_is_named(
     assert code == 0, err
     orders = body["aggregates"]["order"] if body else {}
     assert (orders["published"], orders["duplicates"]) == (4, 1)
+
+
+def test_a_transaction_open_across_an_audit_is_judged_by_the_next_and_never_pruned_unseen(
+    outbox: Outbox, pipeline_process, consume
+):
+    """Issue 42, item 2: the row of a transaction still open during an audit is invisible to it, although its
+    created_at is inside the window. Committed later and lost (the slot advanced past it), the incremental
+    audit that `cdc outbox prune --audited` recommends (--since audited_until) must find it, and the prune
+    must not delete it unseen."""
+    env = outbox.env
+    topic = outbox.topic("order")
+    proc = pipeline_process()
+    proc.wait_streaming()
+    outbox.commit([outbox.event("o-1")])
+    long_event = outbox.event("long")
+    with psycopg.connect(outbox.dsn) as long_conn:  # a transaction of its own, left open
+        outbox.insert_with(long_conn, [long_event])
+        row = long_conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        long_created_at: datetime = row[0]
+        time.sleep(2.5)  # room for a prune cutoff between the long row and the audit's mark
+        after = outbox.commit([outbox.event("o-2")])
+        assert len(consume(topic, 2)) == 2
+        acknowledged(outbox, after.created_at)
+        assert proc.terminate(30) == 0
+
+        code, body, err = audit(env)
+        assert code == 0 and body is not None and body["missing"] == 0, err
+        assert body["aggregates"]["order"]["expected"] == 2  # the open transaction's row is not seen
+        audited_until = datetime.fromisoformat(body["audited_until"])
+        assert long_created_at < audited_until  # inside what the audit covers by created_at
+
+        # The long transaction commits while no pipeline runs, and the slot moves past it: its event is lost.
+        long_conn.commit()
+    outbox.conn.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (outbox.slot,))
+    proc = pipeline_process()
+    proc.wait_streaming()
+    later = outbox.commit([outbox.event("o-3")])
+    assert len(consume(topic, 3)) == 3
+    acknowledged(outbox, later.created_at)
+    assert proc.terminate(30) == 0
+
+    incremental = cdc(env, "audit", "--since", audited_until.isoformat(), "--json", timeout=180)
+    assert incremental.returncode == 1, incremental.stderr
+    found = json.loads(incremental.stdout)
+    assert found["missing_ids"] == [long_event.id], found
+
+    # A prune of everything the mark covers keeps the row no audit judged clean, and o-2, whose transaction
+    # began while the long one held the snapshot's xmin back: carried, it is judged again first.
+    row = outbox.conn.execute("SELECT ceil(extract(epoch FROM now() - %s)) + 1", (audited_until,)).fetchone()
+    assert row is not None
+    pruned = cdc(env, "outbox", "prune", "--older-than", f"{int(row[0])}s", "--audited")
+    assert pruned.returncode == 0, pruned.stderr
+    assert "deleted 1 rows" in pruned.stdout, pruned.stdout  # o-1
+    assert long_event.id in outbox.ids()
+    again = cdc(env, "audit", "--since", audited_until.isoformat(), "--json", timeout=180)
+    assert again.returncode == 1, again.stderr
+    body = json.loads(again.stdout)
+    assert body["missing_ids"] == [long_event.id] and body["carried"] == 2, body
+
+    # Republished, the lost event is found; the clean audit moves the mark, and the prune may delete all.
+    republished = cdc(env, "outbox", "republish", f"--id={long_event.id}")
+    assert republished.returncode == 0, republished.stderr
+    clean = cdc(env, "audit", "--since", audited_until.isoformat(), "--json", timeout=180)
+    assert clean.returncode == 0, clean.stderr
+    body = json.loads(clean.stdout)
+    assert body["carried"] == 2 and datetime.fromisoformat(body["audited_until"]) > audited_until, body
+    mark = datetime.fromisoformat(body["audited_until"])
+    row = outbox.conn.execute("SELECT ceil(extract(epoch FROM now() - %s)) + 1", (mark,)).fetchone()
+    assert row is not None
+    pruned = cdc(env, "outbox", "prune", "--older-than", f"{int(row[0])}s", "--audited")
+    assert pruned.returncode == 0, pruned.stderr
+    assert long_event.id not in outbox.ids() and after.ids[0] not in outbox.ids()

@@ -97,15 +97,19 @@ def _saved(conn: psycopg.Connection[Any], slot: str) -> tuple[datetime | None, d
     return (None, None) if row is None else (row[0], row[1])
 
 
-def _insert(conn: psycopg.Connection[Any], table: str, event_id: str) -> None:
-    conn.execute(
+def _insert(conn: psycopg.Connection[Any], table: str, event_id: str) -> datetime:
+    """A row of the run's kind; its created_at (its transaction's start)."""
+    row = conn.execute(
         sql.SQL(
             "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, schema_version, payload) VALUES "
             "(%s, 'order', 'audit-open', %s, 1, jsonb_build_object('aggregate', 'audit-open', 'seq', 0, "
-            "'txn', -2, 'pad', 'a'))"
+            "'txn', -2, 'pad', 'a')) RETURNING created_at"
         ).format(sql.Identifier(table)),
         (event_id, EVENT_TYPE),
-    )
+    ).fetchone()
+    assert row is not None
+    created: datetime = row[0]
+    return created
 
 
 def _publish_until(env: dict[str, str], dsn: str, slot: str, created: datetime, log_path: Path) -> bool:
@@ -144,8 +148,7 @@ def open_across_audit(
         with psycopg.connect(dsn) as long_conn:
             _insert(long_conn, table, lost)
             time.sleep(2.5)  # room for a prune cutoff between the long row and the next mark
-            _insert(conn, table, before)
-            created = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            created = _insert(conn, table, before)
             if not _publish_until(env, dsn, slot, created, log_dir / "open-across-audit-1.log"):
                 return False, "cdc run did not acknowledge the row committed beside the open transaction"
             first = _cdc(env, "audit", "--since", mark.isoformat(), "--json", *margin)
@@ -157,8 +160,7 @@ def open_across_audit(
             noted = datetime.fromisoformat(json.loads(first.stdout)["audited_until"])
             long_conn.commit()
         conn.execute("SELECT pg_replication_slot_advance(%s, pg_current_wal_lsn())", (slot,))
-        _insert(conn, table, str(uuid.uuid4()))
-        created = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        created = _insert(conn, table, str(uuid.uuid4()))
         if not _publish_until(env, dsn, slot, created, log_dir / "open-across-audit-2.log"):
             return False, "cdc run did not acknowledge the row committed after the lost one"
         second = _cdc(env, "audit", "--since", noted.isoformat(), "--json", *margin)

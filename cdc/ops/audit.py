@@ -33,7 +33,7 @@ before that position (a transaction longer than the margin could still be in fli
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,7 +51,7 @@ from cdc.errors import (
     first_line,
 )
 from cdc.ops import audit_mark
-from cdc.ops.audit_read import TopicReader, dead_letter_row, event_row
+from cdc.ops.audit_read import TopicReader, copy_rows, dead_letter_row, event_row
 from cdc.pg import connect, database_dsn, tracks_commit_timestamps
 from cdc.stream.progress import read_position
 from cdc.stream.route import EventRouter
@@ -222,19 +222,6 @@ def _topics(conn: psycopg.Connection[Any], settings: Settings) -> list[str]:
     return sorted(topics)
 
 
-def _copy(conn: psycopg.Connection[Any], batches: Iterator[list[Any]]) -> int:
-    count = 0
-    for batch in batches:
-        with (
-            conn.cursor() as cur,
-            cur.copy("COPY audit_records (kind, id, ts, position, resolves, how) FROM STDIN") as copy,
-        ):
-            for row in batch:
-                copy.write_row(row)
-        count += len(batch)
-    return count
-
-
 COUNTS = """
 WITH pub AS (SELECT id, count(*) AS copies FROM audit_records WHERE kind = 'p' GROUP BY id),
 dead AS (
@@ -255,6 +242,7 @@ judged AS (
 
 
 def _judge(conn: psycopg.Connection[Any], report: AuditReport, missing_limit: int | None) -> None:
+    """The counts, and the first ``missing_limit`` missing ids (None: every one, into a list)."""
     conn.execute("CREATE INDEX ON audit_records (id)")
     conn.execute("ANALYZE audit_records")
     conn.execute("ANALYZE audit_expected")
@@ -267,14 +255,22 @@ def _judge(conn: psycopg.Connection[Any], report: AuditReport, missing_limit: in
         counts.expected += count
         setattr(counts, state, count)
         counts.duplicates += int(duplicates or 0)
-    limit = sql.SQL("") if missing_limit is None else sql.SQL(" LIMIT {}").format(missing_limit)
-    query = sql.SQL(
-        COUNTS + "SELECT id FROM judged WHERE state = 'missing' ORDER BY created_at, id{}"
-    ).format(limit)
-    # A server-side cursor: every id of a large loss without holding them all at once here.
+    if report.missing and missing_limit != 0:
+        report.missing_ids = list(_missing(conn, missing_limit))
+
+
+MISSING_BATCH = 10_000  # ids fetched from the server at a time
+
+
+def _missing(conn: psycopg.Connection[Any], limit: int | None = None) -> Iterator[str]:
+    """The missing ids, oldest row first, from a server-side cursor: a loss of millions never held here."""
+    tail = sql.SQL("") if limit is None else sql.SQL(" LIMIT {}").format(limit)
+    query = sql.SQL(COUNTS + "SELECT id FROM judged WHERE state = 'missing' ORDER BY created_at, id{}")
     with conn.transaction(), conn.cursor(name="audit_missing") as cur:
-        cur.execute(query)
-        report.missing_ids = [row[0] for row in cur]
+        cur.itersize = MISSING_BATCH
+        cur.execute(query.format(tail))
+        for (event_id,) in cur:
+            yield event_id
 
 
 def _without_row(conn: psycopg.Connection[Any], settings: Settings, window: Window) -> int:
@@ -302,17 +298,25 @@ def audit(
     missing_limit: int | None = 20,
     read_timeout: float = 60.0,
     query_timeout: float = 600.0,
+    every_missing: Callable[[AuditReport, Iterator[str]], None] | None = None,
 ) -> AuditReport:
-    """Judge the window; the report's ``missing`` is what was lost. ``read_timeout``: the longest a topic's
-    read may make no progress; ``query_timeout``: the longest any statement may take (the comparison of
-    millions of rows takes minutes)."""
+    """Judge the window; the report's ``missing`` is what was lost, ``missing_ids`` the first
+    ``missing_limit`` of them (None: every one). ``read_timeout``: the longest a topic's read may make no
+    progress; ``query_timeout``: the longest any statement may take (the comparison of millions of rows takes
+    minutes). ``every_missing``: called with the finished report and every missing id, read from the server
+    as it is consumed, so that a report of any loss takes the same memory."""
     try:
         conn = connect(database_dsn(settings), timeout=query_timeout)
     except SourceConnectionError as exc:
         raise AuditError(f"cannot read the outbox table: {exc}") from exc
     try:
         with conn:
-            return _audit(conn, settings, since, until, aggregate_types, margin, missing_limit, read_timeout)
+            report = _audit(
+                conn, settings, since, until, aggregate_types, margin, missing_limit, read_timeout
+            )
+            if every_missing is not None:
+                every_missing(report, _missing(conn) if report.missing else iter(()))
+            return report
     except psycopg.Error as exc:
         raise AuditError(f"the audit's queries failed: {first_line(exc)}") from exc
 
@@ -347,8 +351,8 @@ def _audit(
     with TopicReader(settings, read_timeout=read_timeout) as reader:
         events = reader.ranges(report.topics, start_ms)
         dead = reader.ranges([settings.dlq_topic], start_ms)
-        copied = _copy(conn, reader.rows(events, event_row))
-        copied += _copy(conn, reader.rows(dead, dead_letter_row))
+        copied = copy_rows(conn, reader.rows(events, event_row))
+        copied += copy_rows(conn, reader.rows(dead, dead_letter_row))
     log.info("audit: %d records of %d topics read", copied, len(report.topics) + 1)
     _judge(conn, report, missing_limit)
     report.without_row = _without_row(conn, settings, window)

@@ -102,7 +102,7 @@ bench-debezium: $(STAMP) stack-up ## cdc run beside Debezium 3.6.1 (Kafka Connec
 bench-deploy: $(STAMP) image helm stack-up ## the chart's pod with podman: start, SIGTERM, a standby's takeover, Recreate's gap (BENCH_ARGS="--repeat 5")
 	. .stack/env && $(BIN)/python -m tests.bench.deploy $(BENCH_ARGS)
 
-bench-audit: $(STAMP) stack-up ## cdc audit's peak memory and time at 10 000 and 1 000 000 events (BENCH_ARGS="--events 10000 --events 10000000")
+bench-audit: $(STAMP) stack-up ## cdc audit's peak memory and time at 10 000 and 1 000 000 events, and with losses (BENCH_ARGS="--events 10000 --missing 4000000")
 	. .stack/env && $(BIN)/python -m tests.bench.audit $(BENCH_ARGS)
 
 soak: $(STAMP) stack-up ## 30 min at an offered 20 000 events/s through cdc run and the idempotent consumer: growth, p99 per minute, nothing missing; not in CI (SOAK_ARGS="--minutes 3 --rate 5000")

@@ -12,6 +12,7 @@ built on these names (docs/operations.md, "Monitoring").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -174,6 +175,11 @@ class ServerCollector(Collector):
             "1 while a standby waits for the slot (on_slot_active = wait): not ready, and not to alert on",
             value=self.server.standing_by(),
         )
+        yield CounterMetricFamily(
+            "cdc_metrics_connections_refused",
+            f"Connections to the metrics port answered 503 at once: {MAX_CONNECTIONS} were open already",
+            value=self.server.refused,
+        )
         slot = self.server.slot()
         if slot is None:
             return  # PostgreSQL did not answer: no value rather than a wrong one (cdc_ready says why)
@@ -219,11 +225,66 @@ class _Quiet(WSGIRequestHandler):
         log.debug("metrics: " + format, *args)
 
 
+MAX_CONNECTIONS = 32  # connections served at once; the next ones are answered 503 at once and closed
+REFUSAL_LOG_SECONDS = 60.0  # at most one warning this often while connections are refused
+_BUSY_BODY = b"busy: too many connections to the metrics port\n"
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+
+
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per connection: one client that connects and says nothing (a stuck probe, a port scan)
-    must not keep /healthz from answering the next, which a liveness probe would take for a dead pipeline."""
+    """A thread per connection, up to MAX_CONNECTIONS: one client that connects and says nothing (a stuck
+    probe, a port scan) must not keep /healthz from answering the next, which a liveness probe would take for
+    a dead pipeline; and a hundred must not start a hundred threads. Above the cap a connection is answered
+    503 at once, on the accepting thread, without reading its request: a probe then fails fast instead of
+    hanging, and the silent connections holding the threads are dropped after REQUEST_TIMEOUT."""
 
     daemon_threads = True
+    request_queue_size = 128  # the listen backlog (socketserver's 5 would leave a burst's SYNs unanswered)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+        self._warned = -REFUSAL_LOG_SECONDS
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the thread, which releases the slot
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _refuse(self, request: Any) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._warned >= REFUSAL_LOG_SECONDS:
+            self._warned = now
+            log.warning(
+                "metrics: %d connections are open to the metrics port, its cap: answering the next ones 503 "
+                "(%d refused so far); who holds them? (metrics_host should not face untrusted networks)",
+                MAX_CONNECTIONS,
+                self.refused,
+            )
+        try:
+            request.setblocking(False)  # never wait here: this is the thread that accepts
+            with contextlib.suppress(BlockingIOError):
+                request.recv(65536)  # what the client sent already: closing over unread data would reset
+            request.send(_BUSY)  # a fresh connection's send buffer holds it whole
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("metrics: a request from %s failed", client_address, exc_info=True)
@@ -271,6 +332,12 @@ class MetricsServer:
     def standing_by(self) -> bool:
         """Whether the pipeline is a standby that waits for the slot."""
         return self._pipeline.standing_by
+
+    @property
+    def refused(self) -> int:
+        """Connections answered 503 because MAX_CONNECTIONS were open."""
+        server = self._server
+        return server.refused if isinstance(server, _Server) else 0
 
     def not_ready(self) -> list[str]:
         """The pipeline's reasons not to be ready, asked at most every READY_CACHE_SECONDS: each ask is a

@@ -4,15 +4,19 @@ refuses to judge, or bad usage."""
 
 from __future__ import annotations
 
-import json
+import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cdc.cli.options import build_settings, handles_errors, settings_options
 from cdc.errors import AccessDeniedError, AuditError, AuditRefusedError, CdcError, ConfigError
+
+if TYPE_CHECKING:
+    from cdc.ops.audit import AuditReport
 
 SHOWN_MISSING = 20  # on a terminal; --json lists every one
 
@@ -42,7 +46,9 @@ def parse_moment(text: str, option: str, now: datetime) -> datetime:
 )
 @click.option("--until", help="Window end (default: the slot's acknowledged position).")
 @click.option("--aggregate-type", "aggregate_types", multiple=True, help="Only these aggregate types.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON, with every missing id.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON, with every missing id (streamed, the counts first)."
+)
 @click.option(
     "--margin",
     default="5m",
@@ -88,9 +94,9 @@ def audit(
         REFUSED,
         as_table,
         metrics_text,
+        write_json,
         write_metrics_file,
     )
-    from cdc.ops.audit_report import as_json as as_json_report
     from cdc.ops.retention import parse_duration
 
     settings = build_settings(config_file, **flags)
@@ -99,6 +105,10 @@ def audit(
         parse_moment(since, "--since", now),
         None if until is None else parse_moment(until, "--until", now),
     )
+
+    def print_json(report: AuditReport, missing_ids: Iterator[str]) -> None:
+        write_json(report, missing_ids, sys.stdout)
+
     try:
         report = run_audit(
             settings,
@@ -106,9 +116,10 @@ def audit(
             until=window[1],
             aggregate_types=aggregate_types,
             margin=parse_duration(margin, "--margin"),
-            missing_limit=None if as_json else SHOWN_MISSING,
+            missing_limit=0 if as_json else SHOWN_MISSING,
             read_timeout=read_timeout,
             query_timeout=query_timeout,
+            every_missing=print_json if as_json else None,
         )
     except CdcError as exc:
         if metrics_file is not None:
@@ -118,9 +129,7 @@ def audit(
     if metrics_file is not None:
         result = MISSING if report.missing else CLEAN
         write_metrics_file(metrics_file, metrics_text(settings.slot, result, now.timestamp(), report))
-    if as_json:
-        click.echo(json.dumps(as_json_report(report), indent=2))
-    else:
+    if not as_json:
         for line in as_table(report):
             click.echo(line)
     if report.missing:

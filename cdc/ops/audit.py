@@ -18,6 +18,10 @@ rolled back is not in the table, so it is never expected. An event emitted as a 
 (``outbox_emit_message``) leaves no row: the audit counts the window's records whose id has no row and says
 it cannot check them.
 
+Rows created before the window whose transactions were open during the last clean audit (which could not
+see them) are judged too, and a clean audit moves the mark that `cdc outbox prune --audited` trusts
+(:mod:`cdc.ops.audit_mark`).
+
 It refuses (exit 2) a window it cannot judge: rows of it were pruned (``cdc_checkpoint.pruned_until``),
 retention deleted records of it, or it ends after the slot's acknowledged position, where events may still be
 in flight. That position is the commit time of the last outbox transaction Kafka acknowledged, which `cdc
@@ -29,7 +33,7 @@ before that position (a transaction longer than the margin could still be in fli
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,9 +49,10 @@ from cdc.errors import (
     SourceConnectionError,
     first_line,
 )
-from cdc.ops.audit_read import TopicReader, dead_letter_row, event_row
+from cdc.ops import audit_mark
+from cdc.ops.audit_read import TopicReader, copy_rows, dead_letter_row, event_row
 from cdc.pg import connect, database_dsn, tracks_commit_timestamps
-from cdc.stream.progress import CHECKPOINT_TABLE, read_position
+from cdc.stream.progress import read_position
 from cdc.stream.route import EventRouter
 
 log = logging.getLogger("cdc.audit")
@@ -84,6 +89,7 @@ class AuditReport:
     audited_until: datetime | None = None  # cdc_checkpoint's, after this audit
     topics: list[str] = field(default_factory=list)
     filtered: bool = False  # --aggregate-type: some rows were not judged
+    carried: int = 0  # rows created before the window that an earlier audit could not see, judged now
 
     @property
     def missing(self) -> int:
@@ -137,34 +143,65 @@ def plan(
 
 
 def _expected(
-    conn: psycopg.Connection[Any], settings: Settings, window: Window, aggregate_types: tuple[str, ...]
-) -> None:
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    window: Window,
+    aggregate_types: tuple[str, ...],
+    scope: audit_mark.Scope,
+) -> Chosen:
+    """The rows to judge, into ``audit_expected``: the window's, and those earlier audits did not see (the
+    scope's carried rows). Run in the scope's snapshot."""
     cols = settings.columns
     created = sql.Identifier(cols.created_at or "created_at")
-    conditions: list[sql.Composable] = [sql.SQL("{} >= %s AND {} < %s").format(created, created)]
+    chosen: sql.Composable = sql.SQL("({} >= %s AND {} < %s)").format(created, created)
     params: list[Any] = [window.since, window.until]
+    carried = scope.carried(created, window.since)
+    if carried is not None:
+        chosen = sql.SQL("({} OR {})").format(chosen, carried[0])
+        params += carried[1]
+    # A row of a transaction that committed after the acknowledged one may still be in flight: chosen, noted
+    # (it stops the mark), then set aside.
+    late: sql.Composable = sql.SQL("false")
     if window.by_commit:
-        # A row of a transaction that committed after the acknowledged one may still be in flight.
-        conditions.append(sql.SQL("coalesce(pg_xact_commit_timestamp(xmin) <= %s, true)"))
-        params.append(window.acknowledged)
+        late = sql.SQL("coalesce(pg_xact_commit_timestamp(xmin) > %s, false)")
+    conditions: list[sql.Composable] = [chosen]
     if aggregate_types:
         conditions.append(sql.SQL("{}::text = ANY(%s)").format(sql.Identifier(cols.aggregate_type)))
         params.append(list(aggregate_types))
     conn.execute(
         sql.SQL(
             "CREATE TEMP TABLE audit_expected AS SELECT {}::text AS id, {}::text AS aggregate_type, "
-            "{}::text AS event_type, {} AS created_at FROM {} WHERE {}"
+            "{}::text AS event_type, {} AS created_at, {} AS late FROM {} WHERE {}"
         ).format(
             sql.Identifier(cols.id),
             sql.Identifier(cols.aggregate_type),
             sql.Identifier(cols.event_type),
             created,
+            late,
             sql.Identifier(settings.table.schema, settings.table.name),
             sql.SQL(" AND ").join(conditions),
         ),
-        params,
+        [window.acknowledged, *params] if window.by_commit else params,
     )
+    row = conn.execute(
+        "SELECT min(created_at) FILTER (WHERE late), min(created_at), "
+        "count(*) FILTER (WHERE created_at < %s AND NOT late) FROM audit_expected",
+        (window.since,),
+    ).fetchone()
+    assert row is not None
+    conn.execute("DELETE FROM audit_expected WHERE late")
     conn.execute("CREATE INDEX ON audit_expected (id)")
+    oldest = window.since if row[1] is None else min(window.since, row[1])
+    return Chosen(late=row[0], oldest=oldest, carried=int(row[2]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chosen:
+    late: datetime | None  # the oldest row set aside as still in flight
+    oldest: (
+        datetime  # the window's start, or the oldest carried row's creation: the topics' read starts there
+    )
+    carried: int  # rows of earlier windows judged now
 
 
 def _topics(conn: psycopg.Connection[Any], settings: Settings) -> list[str]:
@@ -178,19 +215,6 @@ def _topics(conn: psycopg.Connection[Any], settings: Settings) -> list[str]:
         except InvalidTopicError:
             continue  # dead-lettered by the pipeline: found in the dead-letter topic
     return sorted(topics)
-
-
-def _copy(conn: psycopg.Connection[Any], batches: Iterator[list[Any]]) -> int:
-    count = 0
-    for batch in batches:
-        with (
-            conn.cursor() as cur,
-            cur.copy("COPY audit_records (kind, id, ts, position, resolves, how) FROM STDIN") as copy,
-        ):
-            for row in batch:
-                copy.write_row(row)
-        count += len(batch)
-    return count
 
 
 COUNTS = """
@@ -213,6 +237,7 @@ judged AS (
 
 
 def _judge(conn: psycopg.Connection[Any], report: AuditReport, missing_limit: int | None) -> None:
+    """The counts, and the first ``missing_limit`` missing ids (None: every one, into a list)."""
     conn.execute("CREATE INDEX ON audit_records (id)")
     conn.execute("ANALYZE audit_records")
     conn.execute("ANALYZE audit_expected")
@@ -225,14 +250,22 @@ def _judge(conn: psycopg.Connection[Any], report: AuditReport, missing_limit: in
         counts.expected += count
         setattr(counts, state, count)
         counts.duplicates += int(duplicates or 0)
-    limit = sql.SQL("") if missing_limit is None else sql.SQL(" LIMIT {}").format(missing_limit)
-    query = sql.SQL(
-        COUNTS + "SELECT id FROM judged WHERE state = 'missing' ORDER BY created_at, id{}"
-    ).format(limit)
-    # A server-side cursor: every id of a large loss without holding them all at once here.
+    if report.missing and missing_limit != 0:
+        report.missing_ids = list(_missing(conn, missing_limit))
+
+
+MISSING_BATCH = 10_000  # ids fetched from the server at a time
+
+
+def _missing(conn: psycopg.Connection[Any], limit: int | None = None) -> Iterator[str]:
+    """The missing ids, oldest row first, from a server-side cursor: a loss of millions never held here."""
+    tail = sql.SQL("") if limit is None else sql.SQL(" LIMIT {}").format(limit)
+    query = sql.SQL(COUNTS + "SELECT id FROM judged WHERE state = 'missing' ORDER BY created_at, id{}")
     with conn.transaction(), conn.cursor(name="audit_missing") as cur:
-        cur.execute(query)
-        report.missing_ids = [row[0] for row in cur]
+        cur.itersize = MISSING_BATCH
+        cur.execute(query.format(tail))
+        for (event_id,) in cur:
+            yield event_id
 
 
 def _without_row(conn: psycopg.Connection[Any], settings: Settings, window: Window) -> int:
@@ -260,17 +293,25 @@ def audit(
     missing_limit: int | None = 20,
     read_timeout: float = 60.0,
     query_timeout: float = 600.0,
+    every_missing: Callable[[AuditReport, Iterator[str]], None] | None = None,
 ) -> AuditReport:
-    """Judge the window; the report's ``missing`` is what was lost. ``read_timeout``: the longest a topic's
-    read may make no progress; ``query_timeout``: the longest any statement may take (the comparison of
-    millions of rows takes minutes)."""
+    """Judge the window; the report's ``missing`` is what was lost, ``missing_ids`` the first
+    ``missing_limit`` of them (None: every one). ``read_timeout``: the longest a topic's read may make no
+    progress; ``query_timeout``: the longest any statement may take (the comparison of millions of rows takes
+    minutes). ``every_missing``: called with the finished report and every missing id, read from the server
+    as it is consumed, so that a report of any loss takes the same memory."""
     try:
         conn = connect(database_dsn(settings), timeout=query_timeout)
     except SourceConnectionError as exc:
         raise AuditError(f"cannot read the outbox table: {exc}") from exc
     try:
         with conn:
-            return _audit(conn, settings, since, until, aggregate_types, margin, missing_limit, read_timeout)
+            report = _audit(
+                conn, settings, since, until, aggregate_types, margin, missing_limit, read_timeout
+            )
+            if every_missing is not None:
+                every_missing(report, _missing(conn) if report.missing else iter(()))
+            return report
     except psycopg.Error as exc:
         raise AuditError(f"the audit's queries failed: {first_line(exc)}") from exc
 
@@ -286,67 +327,54 @@ def _audit(
     read_timeout: float,
 ) -> AuditReport:
     window = plan(conn, settings, since=since, until=until, margin=margin)
-    _expected(conn, settings, window, aggregate_types)
-    report = AuditReport(window=window, topics=_topics(conn, settings), filtered=bool(aggregate_types))
+    # One snapshot chooses the rows and notes what it could not see (cdc.ops.audit_mark).
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        scope = audit_mark.scope(conn, settings, window.since)
+        chosen = _expected(conn, settings, window, aggregate_types, scope)
+    report = AuditReport(
+        window=window,
+        topics=_topics(conn, settings),
+        filtered=bool(aggregate_types),
+        carried=chosen.carried,
+    )
     conn.execute(
         'CREATE TEMP TABLE audit_records (kind "char", id text, ts timestamptz, position text, '
         "resolves text, how text)"
     )
-    start_ms = int((window.since - margin).timestamp() * 1000)
+    start_ms = int((chosen.oldest - margin).timestamp() * 1000)
     with TopicReader(settings, read_timeout=read_timeout) as reader:
         events = reader.ranges(report.topics, start_ms)
         dead = reader.ranges([settings.dlq_topic], start_ms)
-        copied = _copy(conn, reader.rows(events, event_row))
-        copied += _copy(conn, reader.rows(dead, dead_letter_row))
+        copied = copy_rows(conn, reader.rows(events, event_row))
+        copied += copy_rows(conn, reader.rows(dead, dead_letter_row))
     log.info("audit: %d records of %d topics read", copied, len(report.topics) + 1)
     _judge(conn, report, missing_limit)
     report.without_row = _without_row(conn, settings, window)
-    report.audited_until = _note_audited(conn, settings, window, report)
+    report.audited_until = _note_audited(conn, settings, window, report, scope, chosen.late)
     return report
 
 
 def _note_audited(
-    conn: psycopg.Connection[Any], settings: Settings, window: Window, report: AuditReport
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    window: Window,
+    report: AuditReport,
+    scope: audit_mark.Scope,
+    late: datetime | None,
 ) -> datetime | None:
     """After a clean audit, move ``cdc_checkpoint.audited_until`` (what `cdc outbox prune --audited` may
     delete before) to the window's end, when the window joins what was audited before (or starts before the
-    table's oldest row) and every row before its end was judged (a row of a transaction that committed after
-    the acknowledged one was not: the mark stops at the oldest such row)."""
-    saved = read_position(conn, settings)
-    before = saved.audited_until if saved is not None else None
+    table's oldest row) and every row before its end was judged: a row of a transaction that committed after
+    the acknowledged one was not, and the mark stops at the oldest such row. What the audit's snapshot could
+    not see is left to the next one (:mod:`cdc.ops.audit_mark`)."""
     if report.missing or report.filtered:  # a filtered audit judged no row of the other aggregate types
-        return before
-    table = sql.Identifier(settings.table.schema, settings.table.name)
-    created = sql.Identifier(settings.columns.created_at or "created_at")
-    oldest = conn.execute(sql.SQL("SELECT min({}) FROM {}").format(created, table)).fetchone()
-    joins = (before is not None and window.since <= before) or (
-        oldest is not None and (oldest[0] is None or oldest[0] >= window.since)
-    )
-    if not joins:
+        return scope.before
+    if not scope.joins:
         log.info(
-            "audit: the window does not join the audited rows (up to %s): audited_until unchanged", before
+            "audit: the window does not join the audited rows (up to %s): audited_until unchanged",
+            scope.before,
         )
-        return before
-    until = window.until
-    if window.by_commit:
-        late = conn.execute(
-            sql.SQL(
-                "SELECT min({c}) FROM {t} WHERE {c} >= %s AND {c} < %s "
-                "AND pg_xact_commit_timestamp(xmin) > %s"
-            ).format(c=created, t=table),
-            (window.since, window.until, window.acknowledged),
-        ).fetchone()
-        if late is not None and late[0] is not None:
-            until = min(until, late[0])
-    try:
-        row = conn.execute(
-            sql.SQL(
-                "UPDATE {} SET audited_until = greatest(audited_until, %s) WHERE slot = %s "
-                "RETURNING audited_until"
-            ).format(sql.Identifier(settings.table.schema, CHECKPOINT_TABLE)),
-            (until, settings.slot),
-        ).fetchone()
-    except psycopg.Error as exc:
-        log.warning("audit: could not note audited_until (run `cdc setup`?): %s", first_line(exc))
-        return before
-    return None if row is None else row[0]
+        return scope.before
+    until = window.until if late is None else min(window.until, late)
+    return audit_mark.note(conn, settings, until, scope)

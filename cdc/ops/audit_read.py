@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from cdc.config import Settings
@@ -215,6 +216,20 @@ class TopicReader:
         self._consumer.unassign()
         if batch:
             yield batch
+
+
+def copy_rows(conn: psycopg.Connection[Any], batches: Iterator[list[Row]]) -> int:
+    """The rows into the audit's ``audit_records`` table, one COPY per batch; how many."""
+    count = 0
+    for batch in batches:
+        with (
+            conn.cursor() as cur,
+            cur.copy("COPY audit_records (kind, id, ts, position, resolves, how) FROM STDIN") as copy,
+        ):
+            for row in batch:
+                copy.write_row(row)
+        count += len(batch)
+    return count
 
 
 def denied(topic: str) -> AccessDeniedError:

@@ -1,6 +1,6 @@
-"""How `cdc audit` reports (:mod:`cdc.ops.audit`): a table for a terminal, JSON with every missing id, and a
-Prometheus textfile (``--metrics-file``, for node_exporter's textfile collector and the rules in
-deploy/prometheus/outbox-cdc-audit.yml).
+"""How `cdc audit` reports (:mod:`cdc.ops.audit`): a table for a terminal, JSON with every missing id
+(streamed from the server's cursor, the counts first), and a Prometheus textfile (``--metrics-file``, for
+node_exporter's textfile collector and the rules in deploy/prometheus/outbox-cdc-audit.yml).
 
 The textfile is written whole (a temporary file renamed over it), so a collector never reads half of it. Every
 run writes ``cdc_audit_result`` (0 nothing missing, 1 missing events, 2 refused, 3 failed) and the run's time;
@@ -9,17 +9,20 @@ a run that judged its window adds the counts per aggregate type and state.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from cdc.ops.audit import STATES, AuditReport
 
 COLUMNS: Final = ("expected", *STATES, "duplicates")
 
 
-def as_json(report: AuditReport) -> dict[str, Any]:
+def summary(report: AuditReport) -> dict[str, Any]:
+    """Everything of the JSON report but the missing ids."""
     window = report.window
     return {
         "since": window.since.isoformat(),
@@ -29,10 +32,32 @@ def as_json(report: AuditReport) -> dict[str, Any]:
         "topics": report.topics,
         "aggregates": {k: vars(v) for k, v in sorted(report.aggregates.items())},
         "missing": report.missing,
-        "missing_ids": report.missing_ids,
         "without_row": report.without_row,
+        "carried": report.carried,
         "audited_until": None if report.audited_until is None else report.audited_until.isoformat(),
     }
+
+
+def write_json(report: AuditReport, missing_ids: Iterable[str], out: TextIO) -> None:
+    """The JSON report, streamed: the counts first, then ``missing_ids`` (last) as they come, a batch of
+    lines per write, so that its memory is the same for ten missing events and ten million."""
+    head = json.dumps(summary(report), indent=2)
+    out.write(head[: head.rindex("}")].rstrip() + ',\n  "missing_ids": [')
+    batch: list[str] = []
+    first = True
+    for event_id in missing_ids:
+        batch.append(_quoted(event_id))
+        if len(batch) >= WRITE_BATCH:
+            out.write(("\n    " if first else ",\n    ") + ",\n    ".join(batch))
+            batch, first = [], False
+    if batch:
+        out.write(("\n    " if first else ",\n    ") + ",\n    ".join(batch))
+        first = False
+    out.write("]\n}\n" if first else "\n  ]\n}\n")
+
+
+WRITE_BATCH: Final = 10_000
+_quoted: Callable[[str], str] = json.encoder.encode_basestring_ascii  # json.dumps of a str, in C
 
 
 def as_table(report: AuditReport) -> list[str]:
@@ -48,6 +73,11 @@ def as_table(report: AuditReport) -> list[str]:
         lines.append(
             f"{report.without_row} records of the window have no row: events emitted as logical messages "
             "(outbox_emit_message) leave none, and the audit cannot check them"
+        )
+    if report.carried:
+        lines.append(
+            f"{report.carried} rows created before the window are judged too: their transactions were open "
+            "during the last clean audit, which could not see them"
         )
     if report.missing_ids:
         more = report.missing - len(report.missing_ids)

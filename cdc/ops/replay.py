@@ -1,8 +1,9 @@
 """`cdc dlq replay`: dead letters sent back to their original topics, once their cause is fixed.
 
 A replayed record is encoded again from its payload (the schema may have been added since), produced to its
-original topic, and marked as resolved in the dead-letter topic once Kafka acknowledged it
-(:mod:`cdc.ops.dlq` reads the topic and finds what is unresolved).
+original topic with the timestamp `cdc run` would have given it (its transaction's commit time, from the
+dead letter's `commit_time` header), and marked as resolved in the dead-letter topic once Kafka
+acknowledged it (:mod:`cdc.ops.dlq` reads the topic and finds what is unresolved).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -137,7 +139,7 @@ class _Replayer:
                 headers: Headers = [*split_headers(record.headers)[0], (REPLAYED_FROM, at.encode())]
                 sink.ensure_topic(topic)  # a schema_not_found event never had its topic made
                 done = _on(reports, len(ready))
-                sink.produce(topic, record.key, value, headers, record.timestamp_ms, done, lambda: None)
+                sink.produce(topic, record.key, value, headers, commit_ms(record), done, lambda: None)
                 ready.append((record, topic))
             except EventError as exc:  # still the event's fault (too large included): it stays
                 result.outcomes.append(Outcome(record.id, record.position, "", exc.reason, exc.message))
@@ -197,6 +199,22 @@ class _Replayer:
         """After producing ``n`` records: the offset of each one Kafka acknowledged, None for the others."""
         flush(self.settings.delivery_timeout + 5)  # by then the producer has timed out what it could not send
         return [r[1] if (r := reports.get(i)) is not None and r[0] is None else None for i in range(n)]
+
+
+def commit_ms(record: DeadLetter) -> int:
+    """The timestamp `cdc run` gives the event's record: its transaction's commit time (ms), which the dead
+    letter keeps in its `commit_time` header (its own timestamp is when it was written). A dead letter
+    without a readable one (written by hand, or cut short) keeps its own."""
+    try:
+        stamp = datetime.fromisoformat(record.header("commit_time"))
+    except ValueError:
+        return record.timestamp_ms
+    if stamp.tzinfo is None:  # the pipeline writes UTC with its offset; anything else is no commit time of it
+        return record.timestamp_ms
+    return (stamp - _EPOCH) // timedelta(milliseconds=1)  # exact: a float's product may fall 1 ms short
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _on(reports: _Reports, i: int) -> Callable[[KafkaError | None, Message], None]:

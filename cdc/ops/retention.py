@@ -18,6 +18,7 @@ from psycopg import sql
 
 from cdc.config import Settings, created_at_missing
 from cdc.errors import AuditRefusedError, ConfigError
+from cdc.ops import audit_mark
 from cdc.pg import DELETE_LOCKED, connect, database_dsn, tracks_commit_timestamps
 from cdc.stream.progress import checkpoint_table, read_position
 
@@ -45,8 +46,10 @@ def parse_duration(text: str, option: str = "--older-than") -> timedelta:
     return duration
 
 
-def check_audited(conn: psycopg.Connection[Any], settings: Settings, older_than: timedelta) -> None:
-    """``--audited``: refuse to delete a row that no clean `cdc audit` covered (``audited_until``)."""
+def check_audited(conn: psycopg.Connection[Any], settings: Settings, older_than: timedelta) -> int | None:
+    """``--audited``: refuse to delete a row that no clean `cdc audit` covered (``audited_until``). Returns
+    the mark's xmin: rows of transactions no older than it were open when the audit looked, and are kept until
+    the next one judged them (:mod:`cdc.ops.audit_mark`); None for a mark of an older version."""
     row = conn.execute("SELECT now() - %s", (older_than,)).fetchone()
     assert row is not None
     cutoff = row[0]
@@ -59,6 +62,39 @@ def check_audited(conn: psycopg.Connection[Any], settings: Settings, older_than:
             f"--audited: pruning rows older than {older_than} would delete rows created up to "
             f"{cutoff.isoformat()}, but a clean `cdc audit` has covered {covered}: run `cdc audit --since "
             f"{since}` first, or prune with a longer --older-than"
+        )
+    return saved.audited_xmin if saved is not None else None
+
+
+def _uncovered(
+    conn: psycopg.Connection[Any],
+    relation: sql.Composable,
+    created_at: sql.Identifier,
+    older: timedelta,
+    xmin: int,
+) -> int:
+    """Rows older than the cutoff that the last clean audit could not see (its snapshot's xmin)."""
+    condition, params = audit_mark.uncovered(xmin)
+    row = conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE {} < now() - %s AND {}").format(
+            relation, created_at, condition
+        ),
+        [older, *params],
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _refuse_unseen(
+    conn: psycopg.Connection[Any], settings: Settings, partition: str, created_at: sql.Identifier, xmin: int
+) -> None:
+    kept = _uncovered(conn, sql.SQL(partition), created_at, timedelta(0), xmin)
+    if kept:
+        saved = read_position(conn, settings)
+        since = saved.audited_until if saved is not None else None
+        raise AuditRefusedError(
+            f"--audited: partition {partition} holds {kept} rows of transactions that were open during the "
+            f"last clean audit, which could not see them: run `cdc audit --since "
+            f"{since.isoformat() if since else '<the oldest row time>'}` first, then drop it"
         )
 
 
@@ -79,30 +115,44 @@ def prune(
     table = sql.Identifier(settings.table.schema, settings.table.name)
     total = 0
     with connect(database_dsn(settings), timeout=settings.query_timeout) as conn:
-        if audited:
-            check_audited(conn, settings, older_than)
-        statement = _statement(conn, settings, table, sql.Identifier(created_at))
+        xmin = check_audited(conn, settings, older_than) if audited else None
+        statement = _statement(conn, settings, table, sql.Identifier(created_at), xmin)
         while True:
-            deleted = _delete_batch(conn, statement, older_than, batch_size, settings.slot)
+            deleted = _delete_batch(conn, statement, older_than, batch_size, settings.slot, xmin)
             total += deleted
             if deleted < batch_size:
                 break
             log.debug("pruned %d rows so far", total)
+        if xmin is not None and (
+            kept := _uncovered(conn, table, sql.Identifier(created_at), older_than, xmin)
+        ):
+            log.info(
+                "kept %d rows older than %s: their transactions were open during the last clean audit, which "
+                "could not see them; the next `cdc audit` judges them",
+                kept,
+                older_than,
+            )
     log.info("pruned %d outbox rows older than %s", total, older_than)
     return total
 
 
 def _statement(
-    conn: psycopg.Connection[Any], settings: Settings, table: sql.Identifier, created_at: sql.Identifier
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    table: sql.Identifier,
+    created_at: sql.Identifier,
+    xmin: int | None,
 ) -> sql.Composed:
     """One batch's delete, which notes in the same statement how far it pruned (``pruned_until`` of the
     slot's ``cdc_checkpoint`` row: the newest commit time of a deleted row, or its creation time where there
     is no commit timestamp), so that `cdc recover` knows which rows are gone. Without the table (a setup
-    older than it) nothing can be noted: said once."""
+    older than it) nothing can be noted: said once. ``xmin``: keep the rows the last clean audit could not
+    see."""
+    keep = sql.SQL("") if xmin is None else sql.SQL(" AND {} < %(xmin)s").format(audit_mark.FULL_XID)
     old = sql.SQL(
         "old AS MATERIALIZED (SELECT tableoid AS rel, ctid AS tid FROM {table}"
-        " WHERE {created_at} < now() - %(older)s LIMIT %(size)s FOR UPDATE SKIP LOCKED)"
-    ).format(table=table, created_at=created_at)
+        " WHERE {created_at} < now() - %(older)s{keep} LIMIT %(size)s FOR UPDATE SKIP LOCKED)"
+    ).format(table=table, created_at=created_at, keep=keep)
     marks = checkpoint_table(settings)
     found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (marks,)).fetchone()
     if not (found and found[0]):
@@ -131,9 +181,14 @@ def _statement(
 
 
 def _delete_batch(
-    conn: psycopg.Connection[Any], statement: sql.Composed, older: timedelta, size: int, slot: str
+    conn: psycopg.Connection[Any],
+    statement: sql.Composed,
+    older: timedelta,
+    size: int,
+    slot: str,
+    xmin: int | None,
 ) -> int:
-    cursor = conn.execute(statement, {"older": older, "size": size, "slot": slot})
+    cursor = conn.execute(statement, {"older": older, "size": size, "slot": slot, "xmin": xmin})
     row = cursor.fetchone() if cursor.description else None
     return int(row[0]) if row is not None else cursor.rowcount
 
@@ -156,8 +211,7 @@ def drop_partitions(settings: Settings, older_than: timedelta, *, audited: bool 
     # one's lock for long, though: an exclusive lock request queued behind a writer would stop every writer.
     with connect(database_dsn(settings), timeout=None) as conn:
         conn.execute("SELECT set_config('lock_timeout', '5s', false)")
-        if audited:
-            check_audited(conn, settings, older_than)
+        xmin = check_audited(conn, settings, older_than) if audited else None
         name = table.as_string(conn)
         kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (name,)).fetchone()
         if kind is None or kind[0] != "p":
@@ -181,6 +235,8 @@ def drop_partitions(settings: Settings, older_than: timedelta, *, audited: bool 
             else committed
         )
         for (partition,) in old:
+            if xmin is not None and created_at:
+                _refuse_unseen(conn, settings, partition, sql.Identifier(created_at), xmin)
             with conn.transaction():
                 conn.execute(
                     sql.SQL(

@@ -26,8 +26,11 @@ ALTER TABLE {{checkpoint_table}}
     ADD COLUMN IF NOT EXISTS pruned_until timestamptz NULL,
     ADD COLUMN IF NOT EXISTS partitioner text NULL,
     -- `cdc audit`: every row created before this was audited and found published or dead-lettered, which
-    -- `cdc outbox prune --audited` requires of the rows it deletes.
-    ADD COLUMN IF NOT EXISTS audited_until timestamptz NULL;
+    -- `cdc outbox prune --audited` requires of the rows it deletes...
+    ADD COLUMN IF NOT EXISTS audited_until timestamptz NULL,
+    -- ...when written by a transaction older than this: the oldest one still running when that audit looked
+    -- (the others, open then, are judged by the next audit: cdc/ops/audit_mark.py).
+    ADD COLUMN IF NOT EXISTS audited_xmin xid8 NULL;
 INSERT INTO {{checkpoint_table}} AS c (slot, slot_created_lsn, slot_created_at, updated_at)
 SELECT {{slot_literal}}, created.lsn::pg_lsn, now(), now()
 FROM (SELECT nullif(current_setting('cdc.slot_created_lsn', true), '') AS lsn) AS created

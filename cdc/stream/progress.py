@@ -69,7 +69,8 @@ class SavedPosition:
     slot_created_at: datetime | None = None
     pruned_until: datetime | None = None  # the newest row `cdc outbox prune` deleted
     partitioner: str | None = None  # what the slot's events were published with (None: not recorded)
-    audited_until: datetime | None = None  # every row created before it passed a `cdc audit`
+    audited_until: datetime | None = None  # every row created before it passed a `cdc audit`...
+    audited_xmin: int | None = None  # ...if written by a transaction older than this (cdc.ops.audit_mark)
 
 
 def read_position(conn: psycopg.Connection[Any], settings: Settings) -> SavedPosition | None:
@@ -97,6 +98,7 @@ def _read(conn: psycopg.Connection[Any], table: str, slot: str) -> SavedPosition
         pruned_until=_time(c.get("pruned_until")),
         partitioner=c.get("partitioner"),
         audited_until=_time(c.get("audited_until")),
+        audited_xmin=None if c.get("audited_xmin") is None else int(c["audited_xmin"]),
     )
 
 

@@ -183,8 +183,8 @@ impl Encoder {
 /// XLogData message holding a pgoutput Insert (`cdc.stream.pgoutput.decode_insert_tuple(data, offset=25)`
 /// then `EventRouter.row_fields`), as the tuple `(id, aggregate_type, aggregate_id, event_type,
 /// schema_version, payload, headers)`. None for anything else: another table, a row `row_fields` would
-/// refuse, a value that is unchanged-TOAST or binary, a malformed message. The Python path then reads it,
-/// with its own errors and dead letters.
+/// refuse, a value that is unchanged-TOAST or binary, a malformed message, a message that is not `bytes`.
+/// The Python path then reads it, with its own errors and dead letters.
 #[pyclass(frozen, module = "cdc._fastpath")]
 struct RowReader {
     oid: u32,
@@ -251,12 +251,15 @@ impl RowReader {
         }
     }
 
+    /// Any object: only `bytes` (a subclass too) is read here. A `bytearray`, a `memoryview` or anything
+    /// else gets None, so that the Python path gives its own answer (fields of that type, or its error):
+    /// an argument error here would be a TypeError the Python path never raises.
     fn __call__<'py>(
         &self,
         py: Python<'py>,
-        message: &Bound<'py, PyBytes>,
+        message: &Bound<'py, PyAny>,
     ) -> Option<Bound<'py, PyTuple>> {
-        let d = message.as_bytes();
+        let d = message.downcast::<PyBytes>().ok()?.as_bytes();
         let mut cols: Vec<Option<(usize, usize)>> = Vec::with_capacity(16);
         insert_columns(d, self.oid, &mut cols)?;
         let text = |p: usize| -> Option<Bound<'py, PyBytes>> {

@@ -55,7 +55,7 @@ from cdc.config_loader import load_settings
 from cdc.consumer import EventDeserializer
 from cdc.errors import format_lsn, parse_lsn
 from cdc.ops import setup as cdc_setup
-from tests.faults.audit import run_audit
+from tests.faults.audit import open_across_audit, run_audit
 from tests.faults.check import Verdict, analyze
 from tests.faults.cluster import ClusterView
 from tests.faults.load import AGGREGATE_TYPES, Load
@@ -667,6 +667,13 @@ def one_run(
             psycopg.sql.SQL("SELECT count(*) FROM {}").format(psycopg.sql.Identifier(run.table))
         )
         in_table = row.fetchone()[0]  # type: ignore[index]
+    # Only when the run's audit was clean does it move the mark the scenario starts from.
+    open_ok, open_text = (
+        open_across_audit(run.env, run.dsn, run.table, run.slot, run.dir)
+        if audit.agrees and not audit.expected_missing
+        else (True, "not run: the run's audit was not clean")
+    )
+    run.note(t0, f"a transaction open across an audit: {open_text}")
     verdict.facts = {
         "sigterm_exit_0": code == 0,
         "slot_confirmed_past_last_event": caught_up,
@@ -676,6 +683,7 @@ def one_run(
         "every_fault_done": not faults.errors,
         "stream_resumed_within_the_bound_of_each_silence": all(t <= bound for t, bound in faults.resumed),
         "cdc_audit_finds_what_the_checker_finds": audit.agrees,
+        "cdc_audit_judges_a_transaction_open_across_it_later": open_ok,
     }
     if args.delivery == "exactly-once":
         verdict.facts["no_duplicates_for_read_committed"] = verdict.duplicates == 0

@@ -146,8 +146,10 @@ class _Cluster:
 
 
 @contextlib.contextmanager
-def extra_cluster(**settings: str) -> Iterator[str]:
-    """A fresh local cluster with these postgresql.conf settings; yields its DSN (superuser, trust)."""
+def extra_cluster(*, xid_epoch: int = 0, **settings: str) -> Iterator[str]:
+    """A fresh local cluster with these postgresql.conf settings; yields its DSN (superuser, trust).
+    ``xid_epoch``: the epoch of its transaction ids (pg_resetwal -e), as if 2^32 transactions had run that
+    many times."""
     bindir = pg_bindir()
     if bindir is None or not (bindir / "pg_ctl").is_file():
         service_missing(
@@ -168,6 +170,10 @@ def extra_cluster(**settings: str) -> Iterator[str]:
     cluster = _Cluster(bindir, base, settings)
     try:
         cluster.initdb()
+        if xid_epoch:
+            done = _as_pg([str(bindir / "pg_resetwal"), "-e", str(xid_epoch), "-D", str(cluster.data)])
+            if done.returncode != 0:
+                pytest.fail(f"pg_resetwal -e {xid_epoch} failed:\n{done.stdout}\n{done.stderr}")
         cluster.start_on_a_free_port()
         yield f"postgresql://{PG_SUPERUSER}@127.0.0.1:{cluster.port}/postgres"
     finally:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
+import urllib.error
 import urllib.request
 
-from cdc.metrics import READY_CACHE_SECONDS, MetricsServer
+from cdc.metrics import MAX_CONNECTIONS, READY_CACHE_SECONDS, MetricsServer
 
 
 class _Pipeline:
@@ -75,4 +77,59 @@ def test_a_client_that_sends_nothing_does_not_keep_healthz_from_answering():
     finally:
         idle.close()
         half.close()
+        server.stop()
+
+
+def handlers() -> int:
+    """The metrics server's connection threads (socketserver names them after their target)."""
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_a_hundred_silent_clients_hold_no_more_than_the_cap_and_a_probe_is_refused_at_once():
+    """Issue 42, item 7: a thread per connection, capped. Above MAX_CONNECTIONS a connection is answered 503
+    at once (a probe fails fast, never hangs); the thread count stays bounded; once the silent clients go,
+    /healthz answers again."""
+    server = MetricsServer(_Pipeline(), 0)  # type: ignore[arg-type]
+    server.start()
+    clients = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(100)]
+    url = f"http://127.0.0.1:{server.port}/healthz"
+    try:
+        deadline = time.monotonic() + 5
+        while handlers() + getattr(server, "refused", 0) < 100:
+            assert time.monotonic() < deadline, (
+                handlers(),
+                getattr(server, "refused", 0),
+            )
+            time.sleep(0.01)
+        assert handlers() <= MAX_CONNECTIONS
+        assert server.refused == 100 - MAX_CONNECTIONS
+        clients[-1].settimeout(5)
+        assert clients[-1].recv(200).startswith(b"HTTP/1.1 503 Service Unavailable")
+
+        started = time.monotonic()
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            raise AssertionError("a probe above the cap was served")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503 and b"too many connections" in exc.read()
+        assert time.monotonic() - started < 1
+        assert server.refused == 100 - MAX_CONNECTIONS + 1
+    finally:
+        for client in clients:
+            client.close()
+    try:
+        deadline = time.monotonic() + 5
+        while True:  # the handlers see their clients gone and end
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    assert answer.status == 200
+                    break
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 503 and time.monotonic() < deadline
+                time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while handlers():  # the last ones are ending: every thread goes with its client
+            assert time.monotonic() < deadline, handlers()
+            time.sleep(0.01)
+    finally:
         server.stop()

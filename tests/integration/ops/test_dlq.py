@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import time
+from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, TopicPartition
 from fastavro import schemaless_reader
@@ -66,7 +68,8 @@ def test_a_schema_fix_then_replay_publishes_the_event_once_and_the_hopeless_one_
     txn = outbox.commit([outbox.event("o-1"), invoice, hopeless, outbox.event("o-2")])
     dead = {r.headers["id"].decode(): r for r in consume(outbox.dlq_topic, 2)}
     assert set(dead) == {invoice.id, hopeless.id}
-    assert len(consume(outbox.topic("order"), 2)) == 2, "the good events went on"
+    orders = consume(outbox.topic("order"), 2)
+    assert len(orders) == 2, "the good events went on"
     dead_invoice = dead[invoice.id]
     try:
         listed = cdc(env, "dlq", "list", "--json")
@@ -138,7 +141,7 @@ def test_a_schema_fix_then_replay_publishes_the_event_once_and_the_hopeless_one_
             .partitions
         )
         assert record.partition == java_partition(b"inv-1", partitions), "where the pipeline puts inv-1"
-        assert record.timestamp_ms == dead_invoice.timestamp_ms, "the commit time, as first published"
+        assert record.timestamp_ms == orders[0].timestamp_ms, "the commit time, as its transaction's others"
         for name in (
             "id",
             "event_type",
@@ -300,6 +303,52 @@ def test_discard_resolves_without_a_replay_and_list_counts_what_is_unresolved_pe
         assert blank.returncode == 1 and "a discard needs a reason" in blank.stderr
         assert cdc(outbox.env, "dlq", "discard", bad[2].id).returncode == 2, "--reason is required"
         assert topic_size(kafka_bootstrap, outbox.dlq_topic) == 7, "no marker for a refused discard"
+        assert proc.terminate() == 0
+    finally:
+        drop_group(kafka_admin, outbox.dlq_topic)
+
+
+def test_a_replayed_event_is_stamped_with_its_commit_time_not_the_dead_letters(
+    outbox, pipeline_process, consume, kafka_admin, tmp_path
+):
+    """Issue 42, item 5: the dead letter is written when the pipeline reads the event (here 2 s after the
+    commit, the pipeline being down); its replay carries the commit time, the `commit_time` header, as the
+    records `cdc run` published from the same transaction do, for consumers' event-time logic."""
+    schemas = tmp_path / "schemas"
+    shutil.copytree(SCHEMAS_DIR, schemas)
+    env = {**outbox.env, "CDC_SCHEMAS_DIR": str(schemas)}
+    invoice = outbox.event(
+        "inv-2",
+        {"invoice_id": "INV-2", "amount_cents": 1, "note": "n"},
+        event_type="InvoiceIssued",
+        aggregate_type="invoice",
+    )
+    txn = outbox.commit([outbox.event("o-1"), invoice])
+    row = outbox.conn.execute(
+        "SELECT (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000)::bigint FROM "
+        + f'"{outbox.table}" WHERE id = %s',
+        (invoice.id,),
+    ).fetchone()
+    assert row is not None
+    commit_ms = int(row[0])
+    time.sleep(2)
+    proc = pipeline_process(CDC_SCHEMAS_DIR=str(schemas))
+    proc.wait_streaming()
+    try:
+        (dead,) = consume(outbox.dlq_topic, 1)
+        (published,) = consume(outbox.topic("order"), 1)
+        assert published.timestamp_ms // 1000 == commit_ms // 1000  # what cdc run writes: the commit time
+        assert dead.timestamp_ms - published.timestamp_ms >= 1500  # the dead letter's: when it was written
+        assert dead.headers["xid"] == str(txn.xid).encode()
+
+        (schemas / "InvoiceIssued").mkdir()
+        (schemas / "InvoiceIssued" / "v1.avsc").write_text(json.dumps(INVOICE_V1))
+        replayed = cdc(env, "dlq", "replay", invoice.id)
+        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+        (record,) = consume(outbox.topic("invoice"), 1)
+        assert record.timestamp_ms == published.timestamp_ms
+        header = datetime.fromisoformat(dead.headers["commit_time"].decode())
+        assert record.timestamp_ms == (header - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
         assert proc.terminate() == 0
     finally:
         drop_group(kafka_admin, outbox.dlq_topic)

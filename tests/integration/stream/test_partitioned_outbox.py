@@ -126,3 +126,37 @@ def test_a_publication_without_publish_via_partition_root_is_refused_with_a_fix_
     assert box.conn.execute(
         "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (publication,)
     ).fetchone() == (True,)
+
+
+def test_drop_partitions_audited_refuses_a_partition_holding_a_row_the_last_audit_could_not_see(
+    partitioned: Outbox,
+):
+    """Issue 42, item 2: a row created before audited_until, but written by a transaction not older than
+    the audit's xmin (open while it looked), keeps its partition until the next audit judged it."""
+    box = partitioned
+    old = box.event("old")
+    box.commit([old])
+    with box.conn.transaction():
+        box.conn.execute(
+            sql.SQL("UPDATE {} SET created_at = now() - interval '10 days' WHERE id = %s").format(
+                sql.Identifier(box.table)
+            ),
+            (old.id,),
+        )  # into the partition of ten days ago, written by this transaction
+        row = box.conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+    assert row is not None
+    xid = int(row[0])
+    mark = (
+        "UPDATE public.cdc_checkpoint SET audited_until = now(), audited_xmin = %s::text::xid8 "
+        "WHERE slot = %s"
+    )
+    box.conn.execute(mark, (str(xid), box.slot))  # an audit that looked while that transaction ran
+    refused = cdc(box.env, "outbox", "prune", "--older-than", "7d", "--drop-partitions", "--audited")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"partition {box.table}_old holds 1 rows" in refused.stderr, refused.stderr
+    assert old.id in box.ids()
+
+    box.conn.execute(mark, (str(xid + 1), box.slot))  # an audit that looked after it
+    dropped = cdc(box.env, "outbox", "prune", "--older-than", "7d", "--drop-partitions", "--audited")
+    assert dropped.returncode == 0, dropped.stderr
+    assert old.id not in box.ids()

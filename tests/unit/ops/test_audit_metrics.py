@@ -3,6 +3,8 @@ label the rules in deploy/prometheus/outbox-cdc-audit.yml use is in it."""
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +14,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdc.ops.audit import AggregateCounts, AuditReport, Window
-from cdc.ops.audit_report import MISSING, REFUSED, metrics_text, write_metrics_file
+from cdc.ops.audit_report import (
+    MISSING,
+    REFUSED,
+    WRITE_BATCH,
+    metrics_text,
+    summary,
+    write_json,
+    write_metrics_file,
+)
 from tests.unit.test_deploy import names, promtool
 
 RULES = Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "outbox-cdc-audit.yml"
@@ -73,3 +83,15 @@ def test_promtool_accepts_the_audit_rules():
 @pytest.mark.parametrize("result", [0, 1, 2, 3])
 def test_each_verdict_is_one_line_of_the_format(result):
     assert samples(metrics_text("s", result, 0.0))["cdc_audit_result"] == [({"slot": "s"}, float(result))]
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, WRITE_BATCH, WRITE_BATCH + 1, 2 * WRITE_BATCH + 7])
+def test_the_json_report_streams_the_ids_after_the_counts(count: int) -> None:
+    ids = (f'id-{i}"\\' for i in range(count))  # a generator: read once, as from the server's cursor
+    out = io.StringIO()
+    write_json(report(), ids, out)
+    text = out.getvalue()
+    body = json.loads(text)
+    assert body["missing_ids"] == [f'id-{i}"\\' for i in range(count)]
+    assert {k: v for k, v in body.items() if k != "missing_ids"} == summary(report())
+    assert list(body)[-1] == "missing_ids" and text.index('"missing"') < text.index('"missing_ids"')

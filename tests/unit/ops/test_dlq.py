@@ -315,3 +315,21 @@ def test_a_denied_write_of_a_marker_or_a_replay_names_the_grant_and_others_do_no
     assert denied.value.right == "Write on Topic:outbox.dlq"
     assert "--allow-principal User:ops --operation Write --topic outbox.dlq" in denied.value.message
     refused_writes(settings, [None, KafkaError(KafkaError._MSG_TIMED_OUT)], "outbox.dlq")  # not a denial
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("2026-12-07T04:00:00.123+00:00", 1796616000123),  # as the pipeline writes it
+        ("2026-12-07T05:00:00.001+01:00", 1796616000001),
+        ("2026-12-07T04:00:00.000+00:00", 1796616000000),
+        (None, 5),  # a dead letter without one keeps its own timestamp
+        ("yesterday", 5),
+        ("2026-12-07T04:00:00", 5),  # no zone: not the pipeline's
+    ],
+)
+def test_a_replay_is_stamped_with_the_dead_letters_commit_time(header: str | None, expected: int) -> None:
+    from cdc.ops.replay import commit_ms
+
+    pairs = (("id", b"e-1"),) + ((("commit_time", header.encode()),) if header is not None else ())
+    assert commit_ms(DeadLetter(0, 0, None, b"{}", 5, pairs)) == expected

@@ -157,3 +157,49 @@ def test_a_message_of_a_bytes_subclass_reads_as_python_reads_it() -> None:
     values = [b"id1", b"Order", b"o-1", b"OrderPlaced", b"2", b'{"x": 1}', b'{"h": "v"}']
     data = _insert(77, [("t", v) for v in values])
     assert _check(router, _Bytes(data)) and _check(router, data)
+
+
+def _outcome(call: Any) -> Any:
+    try:
+        return ("fields", call())
+    except CdcError as exc:
+        return ("error", type(exc).__name__, str(exc))
+    except Exception as exc:  # noqa: BLE001 - what each path raises is the comparison
+        return ("raised", type(exc).__name__)
+
+
+@pytest.mark.parametrize("version", [True, False])
+@pytest.mark.parametrize("kind", [bytearray, memoryview, lambda d: memoryview(bytearray(d)), _Bytes])
+def test_a_message_that_is_not_bytes_reads_as_python_reads_it(kind: Any, version: bool) -> None:
+    """Issue 42, item 8b: a bytearray or memoryview is handed to the Python path (None), whose outcome the
+    pipeline then takes: the same, byte for byte and error for error, as with no compiled reader at all."""
+    names = FIELDS if version else [f for f in FIELDS if f != "schema_version"]
+    router = _router(names, 78, **({} if version else {"schema_version": False}))
+    values = [b"id1", b"Order", b"o-1", b"OrderPlaced", b"2", b'{"x": 1}', b'{"h": "v"}']
+    data = _insert(78, [("t", v) for n, v in zip(FIELDS, values, strict=True) if n in names])
+    message = kind(data)
+    assert router.row_reader is not None
+
+    def compiled() -> Any:  # what the pipeline does: the compiled reader, else the Python path
+        assert router.row_reader is not None
+        fields = router.row_reader(message)
+        return fields if fields is not None else _python_fields(router, message)
+
+    expected = _outcome(lambda: _python_fields(router, message))
+    got = _outcome(compiled)
+    assert got == expected
+    if got[0] == "fields":
+        assert [type(f) for f in got[1]] == [type(f) for f in expected[1]]
+
+
+def _python_fields(router: EventRouter, data: Any) -> Any:
+    oid, values = decode_insert_tuple(data, offset=25)
+    assert oid == router.outbox_oid
+    return router.row_fields(values)
+
+
+@pytest.mark.parametrize("message", [None, 7, "w" * 40, [b"w"], b"", b"w", bytearray(b"w" * 40)])
+def test_the_compiled_reader_never_raises_on_what_python_does_not_read_either(message: Any) -> None:
+    router = _router(FIELDS, 79)
+    assert router.row_reader is not None
+    assert router.row_reader(message) is None

@@ -35,6 +35,11 @@
 # ports of their own (brokers 29192, 29202, 29212, controller 29193; secure: 27192.., 27193) so that it runs
 # beside the single broker; PostgreSQL and the registry are the stack's. It combines with CDC_STACK_SECURE=1.
 # `up` writes the three brokers to .stack/env, and CDC_TOPIC_REPLICATION_FACTOR=3; `down` stops them too.
+#
+# CDC_STACK_TRACING=1 also starts Jaeger (stack/jaeger.sh: built once from the Go module proxy), OTLP on
+# 127.0.0.1:4317 (gRPC) and :4318 (HTTP), the query API and UI on :16686 (CDC_STACK_JAEGER_OTLP_GRPC_PORT,
+# CDC_STACK_JAEGER_OTLP_HTTP_PORT, CDC_STACK_JAEGER_PORT move them); while it runs, .stack/env exports
+# OTEL_EXPORTER_OTLP_ENDPOINT and CDC_STACK_JAEGER_URL. `down` stops it too.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -171,6 +176,8 @@ as_pg() {
 . "$ROOT/stack/secure.sh"
 # shellcheck source=stack/cluster.sh
 . "$ROOT/stack/cluster.sh"
+# shellcheck source=stack/jaeger.sh
+. "$ROOT/stack/jaeger.sh"
 
 apt_install() {
     is_root || fail "please install the Debian packages: $* (needs root: sudo apt-get install -y $*)"
@@ -669,6 +676,7 @@ export CDC_STACK_PROMTOOL='${PROMTOOL:-}'
 EOF
         [ "$SECURE" = 1 ] && secure_env >>"$STACK_DIR/env"
         [ "$BROKERS" = 3 ] && cluster_env >>"$STACK_DIR/env"
+        jaeger_env >>"$STACK_DIR/env" || true
         if [ -n "${PG_STANDBY_PORT:-}" ]; then
             cat >>"$STACK_DIR/env" <<EOF
 # The primary and its standby (stack/stack.sh standby): what follows a promotion.
@@ -712,9 +720,14 @@ cmd_up() {
         start_kafka
     fi
     start_registry
+    local jaeger=
+    if [ "$TRACING" = 1 ]; then
+        start_jaeger
+        jaeger=", jaeger http://127.0.0.1:$JAEGER_PORT"
+    fi
     write_env
     say "ready: postgres $PG_VERSION 127.0.0.1:$PG_PORT, kafka $kafka," \
-        "schema registry $REGISTRY_API; settings in $STACK_DIR/env"
+        "schema registry $REGISTRY_API$jaeger; settings in $STACK_DIR/env"
 }
 
 cmd_down() {
@@ -726,6 +739,7 @@ cmd_down() {
         stop_by_pid_file "kafka$mode" "$STACK_DIR/kafka$mode.pid"
     done
     stop_cluster
+    stop_jaeger
     stop_postgres
 }
 
@@ -759,6 +773,7 @@ cmd_status() {
         say "registry: stopped"
         rc=1
     fi
+    jaeger_status || rc=1
     return $rc
 }
 

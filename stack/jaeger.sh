@@ -101,7 +101,6 @@ start_jaeger() {
 # Jaeger (CDC_STACK_TRACING=1): OTLP over HTTP for \`cdc run\` and the tests; the query API and UI.
 export OTEL_EXPORTER_OTLP_ENDPOINT='http://127.0.0.1:$JAEGER_OTLP_HTTP_PORT'
 export CDC_STACK_JAEGER_URL='http://127.0.0.1:$JAEGER_PORT'
-export CDC_STACK_JAEGER_OTLP_GRPC_PORT='$JAEGER_OTLP_GRPC_PORT'
 EOF
             return 0
         fi

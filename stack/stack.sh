@@ -10,6 +10,8 @@
 #   stack/stack.sh postgres start the PostgreSQL cluster only (what `down` stops too), then write .stack/env
 #   stack/stack.sh standby  start a physical standby of the PostgreSQL cluster (port + 100), set up to sync
 #                           failover slots on 17+, and add its multi-host URL to .stack/env
+#   stack/stack.sh jaeger   start Jaeger only (as CDC_STACK_TRACING=1 up would), beside a running stack; then
+#                           rewrite .stack/env if there is one
 #   stack/stack.sh avro-reference  build the Java reference of `cdc schemas check` (stack/avro-reference,
 #                           Apache Avro's Java library) into .stack/avro-reference/build, unless built already
 #
@@ -804,13 +806,24 @@ case "${1:-}" in
         write_env
         say "standby ready on 127.0.0.1:$PG_STANDBY_PORT; CDC_STACK_PG_FAILOVER_URL in $STACK_DIR/env"
         ;;
+    jaeger)
+        mkdir -p "$STACK_DIR/logs"
+        start_jaeger
+        if [ -f "$STACK_DIR/env" ]; then
+            ensure_postgres_installed
+            write_env
+            say "jaeger ready on http://127.0.0.1:$JAEGER_PORT; settings in $STACK_DIR/env"
+        else
+            say "jaeger ready on http://127.0.0.1:$JAEGER_PORT; its settings in $JAEGER_ENV"
+        fi
+        ;;
     avro-reference)
         mkdir -p "$STACK_DIR/logs"
         ensure_avro_reference_built
         say "avro reference built: $AVRO_REFERENCE_HOME/build"
         ;;
     *)
-        echo "usage: stack/stack.sh up|down|status|clean|postgres|standby|avro-reference" >&2
+        echo "usage: stack/stack.sh up|down|status|clean|postgres|standby|jaeger|avro-reference" >&2
         exit 2
         ;;
 esac

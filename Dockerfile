@@ -1,7 +1,8 @@
 # The cdc pipeline as a slim, non-root image. Build: docker build -t outbox-cdc .
 # The build stage compiles the hot path (rust/, cdc._fastpath) with the Rust toolchain of the official image;
 # the image refuses to build without it, and runs with fast_path = required. The runtime stage needs no
-# toolchain: the extension links only libc and libgcc_s.
+# toolchain: the extension links only libc and libgcc_s. The image has the [otel] extra (OpenTelemetry's SDK
+# and OTLP/HTTP exporter): tracing is then set with the OTEL_* variables (docs/operations.md, "Tracing").
 FROM rust:1.95-slim-bookworm AS rust
 
 FROM python:3.11-slim AS build
@@ -13,14 +14,14 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY rust ./rust
 COPY cdc ./cdc
-RUN pip wheel --no-cache-dir --wheel-dir /wheels . && \
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]' && \
     pip install --no-cache-dir /wheels/*.whl && python -c "import cdc._fastpath"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --home-dir /app cdc
 WORKDIR /app
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && python -c "import cdc._fastpath"
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && python -c "import cdc._fastpath, cdc.tracing as t; assert t.SDK"
 COPY schemas ./schemas
 COPY slot_setup ./slot_setup
 USER cdc

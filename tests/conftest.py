@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.plugins.avro_java",
     "tests.plugins.kafka_java",
     "tests.plugins.fastpath",
+    "tests.plugins.jaeger",
 ]

@@ -27,7 +27,7 @@ lint: $(STAMP) ## ruff, and mypy strict on cdc/
 	$(BIN)/ruff format --check cdc tests
 	$(BIN)/mypy
 
-stack-up: ## start PostgreSQL, Kafka and the schema registry on loopback (idempotent), write .stack/env
+stack-up: ## start PostgreSQL, Kafka and the schema registry on loopback (idempotent; CDC_STACK_TRACING=1 adds Jaeger), write .stack/env
 	@bash stack/stack.sh up
 
 stack-down: ## stop the processes stack-up started

@@ -71,7 +71,7 @@ jaeger_answers() {
 
 start_jaeger() {
     if jaeger_running; then
-        say "jaeger already running (pid $(cat "$JAEGER_PID")); $(sed -n 's/^# //p' "$JAEGER_ENV" 2>/dev/null)"
+        say "jaeger already running (pid $(cat "$JAEGER_PID")); $(sed -n '1s/^# //p' "$JAEGER_ENV" 2>/dev/null)"
         return 0
     fi
     ensure_jaeger_built

@@ -52,7 +52,9 @@ ensure_jaeger_built() {
     say "building Jaeger ($(jaeger_version)) from the Go module proxy (first run only, a few minutes)"
     mkdir -p "$JAEGER_HOME/bin"
     local started=$SECONDS
-    (cd "$ROOT/stack/jaeger" && GOFLAGS=-mod=readonly go build -trimpath -o "$JAEGER_BIN.new" \
+    # readonly: go.sum must already hold every module (a build never edits it); no VCS stamp, which would
+    # ask git about the checkout (as root, another user's clone is "dubious ownership").
+    (cd "$ROOT/stack/jaeger" && GOFLAGS="-mod=readonly -buildvcs=false" go build -trimpath -o "$JAEGER_BIN.new" \
         github.com/jaegertracing/jaeger/cmd/jaeger) >"$STACK_DIR/logs/jaeger-build.log" 2>&1 ||
         fail "go build of github.com/jaegertracing/jaeger/cmd/jaeger failed" "$STACK_DIR/logs/jaeger-build.log"
     mv "$JAEGER_BIN.new" "$JAEGER_BIN"

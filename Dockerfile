@@ -40,9 +40,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         export PIP_CERT=/run/secrets/build-ca CARGO_HTTP_CAINFO=/run/secrets/build-ca; \
     fi \
     && python3 -m venv /opt/cdc \
-    && /opt/cdc/bin/pip install -q . \
+    && /opt/cdc/bin/pip install -q '.[otel]' \
     && /opt/cdc/bin/pip uninstall -q -y pip \
-    && /opt/cdc/bin/python -I -c "import cdc._fastpath" \
+    && /opt/cdc/bin/python -I -c "import cdc._fastpath, cdc.tracing as t; assert t.SDK" \
     && /opt/cdc/bin/python -m compileall -q /opt/cdc/lib
 
 FROM ${BASE}

@@ -52,7 +52,7 @@ helm: ## build helm from the Go module proxy for the chart's tests (deploy/helm/
 test-deploy: $(STAMP) image helm stack-up ## the image and the Helm chart: render, validate, run the chart's pods with podman (tests/deploy)
 	. .stack/env && $(BIN)/pytest tests/deploy $(PYTEST_ARGS)
 
-stack-up: ## start PostgreSQL, Kafka and the schema registry on loopback (idempotent), write .stack/env
+stack-up: ## start PostgreSQL, Kafka and the schema registry on loopback (idempotent; CDC_STACK_TRACING=1 adds Jaeger), write .stack/env
 	@bash stack/stack.sh up
 
 stack-down: ## stop the processes stack-up started

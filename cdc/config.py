@@ -34,6 +34,7 @@ __all__ = [
     "ColumnMap",
     "KafkaSettings",
     "Settings",
+    "TRACING_MODES",
     "TableRef",
     "created_at_missing",
     "describe_dsn",
@@ -61,6 +62,8 @@ _PLACEHOLDERS = ("aggregate_type", "event_type")
 # Which partition a key lands on: murmur2_random is the Java producer's mapping (murmur2 of the key bytes),
 # consistent_random librdkafka's own default (CRC32), which the pipeline used before it chose Java's.
 PARTITIONERS = ("murmur2_random", "consistent_random")
+# Spans of `cdc run` (cdc.tracing): for the rows that carry a trace context, for every event, or none.
+TRACING_MODES = ("row-context-only", "always", "off")
 _CHOICES = {
     "value_format": ("single-object", "confluent"),
     "schema_compatibility": MODES,
@@ -71,6 +74,7 @@ _CHOICES = {
     "delivery": ("at-least-once", "exactly-once"),
     "log_format": ("text", "json"),
     "fast_path": ("auto", "off", "required"),
+    "tracing": TRACING_MODES,
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
 }
 _OWNED = {
@@ -131,6 +135,9 @@ class ColumnMap:
     schema_version: str | None = "schema_version"
     headers: str | None = "headers"
     created_at: str | None = "created_at"
+    # Debezium's tracing column: Java Properties text whose traceparent and tracestate become headers. Read
+    # only when the table has it and the headers column is not mapped (cdc.stream.route).
+    tracing_span_context: str | None = None
 
     def as_dict(self) -> dict[str, str | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -146,10 +153,11 @@ PRESETS: Mapping[str, ColumnMap] = MappingProxyType(
             schema_version=None,
             headers=None,
             created_at=None,
+            tracing_span_context="tracingspancontext",
         ),
     }
 )
-_OPTIONAL_COLUMNS = ("schema_version", "headers", "created_at")
+_OPTIONAL_COLUMNS = ("schema_version", "headers", "created_at", "tracing_span_context")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -234,6 +242,7 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "text"
     fast_path: str = "auto"  # the compiled hot path: when built, "off" or "required" (cdc.fastpath)
+    tracing: str = "row-context-only"  # TRACING_MODES; OpenTelemetry's own OTEL_* variables do the rest
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     def redacted(self) -> dict[str, object]:

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from cdc.errors import ConfigError, SourceConnectionError, first_line
 from cdc.pg import connect, database_dsn
+from cdc.tracing import TracingCollector
 
 if TYPE_CHECKING:
     from cdc.stream.pipeline import Pipeline
@@ -308,6 +309,7 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(PipelineCollector(pipeline))
         registry.register(ServerCollector(self))
+        registry.register(TracingCollector())  # spans dropped and exported (cdc.tracing)
         self._metrics = make_wsgi_app(registry)
         self._pipeline = pipeline
         self._clock = clock

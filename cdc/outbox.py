@@ -4,6 +4,12 @@
 own transaction (where the bug is) instead of reaching the dead-letter topic. It never commits: the row is
 part of whatever the caller's transaction does, which is the point of the outbox.
 
+When an OpenTelemetry span is active, the row's ``headers`` also carry its W3C context (``traceparent``, and
+``tracestate`` when set), so that the pipeline's spans and the consumer's continue the caller's trace; a
+``traceparent`` (or ``tracestate``) given in ``headers`` is kept as given, and nothing is added
+(:func:`cdc.trace_context.current_headers`; nothing without OpenTelemetry installed or without a
+``headers`` column, as in the ``debezium`` preset).
+
 The payload may hold ``Decimal``, ``datetime``, ``date``, ``time``, ``UUID`` and ``bytes``: they are written
 in the JSON forms the pipeline reads (:mod:`cdc.avro.python_values`; bytes in their field's ``cdc.encoding``).
 
@@ -29,6 +35,7 @@ from cdc.avro.encoder import AvroEncoder
 from cdc.avro.python_values import payload_json
 from cdc.avro.store import SchemaStore
 from cdc.config import ColumnMap, TableRef
+from cdc.trace_context import TRACEPARENT, TRACESTATE, current_headers
 
 _encoders: dict[str, AvroEncoder] = {}
 
@@ -86,8 +93,13 @@ def emit(
     }
     if cols.schema_version is not None:
         values["schema_version"] = schema_version
-    if cols.headers is not None and headers:
-        values["headers"] = orjson.dumps(dict(headers)).decode()
+    if cols.headers is not None:
+        row_headers = dict(headers or {})
+        # A context the caller gave is kept whole: its traceparent and tracestate belong together.
+        if not any(key.lower() in (TRACEPARENT, TRACESTATE) for key in row_headers):
+            row_headers.update(current_headers())
+        if row_headers:
+            values["headers"] = orjson.dumps(row_headers).decode()
     mapping = cols.as_dict()
     casts = {"payload": "::jsonb", "headers": "::jsonb"}
     query = sql.SQL("INSERT INTO {}.{} ({}) VALUES ({})").format(

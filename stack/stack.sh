@@ -10,6 +10,8 @@
 #   stack/stack.sh postgres start the PostgreSQL cluster only (what `down` stops too), then write .stack/env
 #   stack/stack.sh standby  start a physical standby of the PostgreSQL cluster (port + 100), set up to sync
 #                           failover slots on 17+, and add its multi-host URL to .stack/env
+#   stack/stack.sh jaeger   start Jaeger only (as CDC_STACK_TRACING=1 up would), beside a running stack; then
+#                           rewrite .stack/env if there is one
 #   stack/stack.sh avro-reference  build the Java reference of `cdc schemas check` (stack/avro-reference,
 #                           Apache Avro's Java library) into .stack/avro-reference/build, unless built already
 #
@@ -35,6 +37,11 @@
 # ports of their own (brokers 29192, 29202, 29212, controller 29193; secure: 27192.., 27193) so that it runs
 # beside the single broker; PostgreSQL and the registry are the stack's. It combines with CDC_STACK_SECURE=1.
 # `up` writes the three brokers to .stack/env, and CDC_TOPIC_REPLICATION_FACTOR=3; `down` stops them too.
+#
+# CDC_STACK_TRACING=1 also starts Jaeger (stack/jaeger.sh: built once from the Go module proxy), OTLP on
+# 127.0.0.1:4317 (gRPC) and :4318 (HTTP), the query API and UI on :16686 (CDC_STACK_JAEGER_OTLP_GRPC_PORT,
+# CDC_STACK_JAEGER_OTLP_HTTP_PORT, CDC_STACK_JAEGER_PORT move them); while it runs, .stack/env exports
+# OTEL_EXPORTER_OTLP_ENDPOINT and CDC_STACK_JAEGER_URL. `down` stops it too.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -171,6 +178,8 @@ as_pg() {
 . "$ROOT/stack/secure.sh"
 # shellcheck source=stack/cluster.sh
 . "$ROOT/stack/cluster.sh"
+# shellcheck source=stack/jaeger.sh
+. "$ROOT/stack/jaeger.sh"
 
 apt_install() {
     is_root || fail "please install the Debian packages: $* (needs root: sudo apt-get install -y $*)"
@@ -669,6 +678,7 @@ export CDC_STACK_PROMTOOL='${PROMTOOL:-}'
 EOF
         [ "$SECURE" = 1 ] && secure_env >>"$STACK_DIR/env"
         [ "$BROKERS" = 3 ] && cluster_env >>"$STACK_DIR/env"
+        jaeger_env >>"$STACK_DIR/env" || true
         if [ -n "${PG_STANDBY_PORT:-}" ]; then
             cat >>"$STACK_DIR/env" <<EOF
 # The primary and its standby (stack/stack.sh standby): what follows a promotion.
@@ -712,9 +722,14 @@ cmd_up() {
         start_kafka
     fi
     start_registry
+    local jaeger=
+    if [ "$TRACING" = 1 ]; then
+        start_jaeger
+        jaeger=", jaeger http://127.0.0.1:$JAEGER_PORT"
+    fi
     write_env
     say "ready: postgres $PG_VERSION 127.0.0.1:$PG_PORT, kafka $kafka," \
-        "schema registry $REGISTRY_API; settings in $STACK_DIR/env"
+        "schema registry $REGISTRY_API$jaeger; settings in $STACK_DIR/env"
 }
 
 cmd_down() {
@@ -726,6 +741,7 @@ cmd_down() {
         stop_by_pid_file "kafka$mode" "$STACK_DIR/kafka$mode.pid"
     done
     stop_cluster
+    stop_jaeger
     stop_postgres
 }
 
@@ -759,6 +775,7 @@ cmd_status() {
         say "registry: stopped"
         rc=1
     fi
+    jaeger_status || rc=1
     return $rc
 }
 
@@ -789,13 +806,24 @@ case "${1:-}" in
         write_env
         say "standby ready on 127.0.0.1:$PG_STANDBY_PORT; CDC_STACK_PG_FAILOVER_URL in $STACK_DIR/env"
         ;;
+    jaeger)
+        mkdir -p "$STACK_DIR/logs"
+        start_jaeger
+        if [ -f "$STACK_DIR/env" ]; then
+            ensure_postgres_installed
+            write_env
+            say "jaeger ready on http://127.0.0.1:$JAEGER_PORT; settings in $STACK_DIR/env"
+        else
+            say "jaeger ready on http://127.0.0.1:$JAEGER_PORT; its settings in $JAEGER_ENV"
+        fi
+        ;;
     avro-reference)
         mkdir -p "$STACK_DIR/logs"
         ensure_avro_reference_built
         say "avro reference built: $AVRO_REFERENCE_HOME/build"
         ;;
     *)
-        echo "usage: stack/stack.sh up|down|status|clean|postgres|standby|avro-reference" >&2
+        echo "usage: stack/stack.sh up|down|status|clean|postgres|standby|jaeger|avro-reference" >&2
         exit 2
         ;;
 esac

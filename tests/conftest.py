@@ -16,4 +16,5 @@ pytest_plugins = [
     "tests.plugins.podman",
     "tests.plugins.helm",
     "tests.plugins.pods",
+    "tests.plugins.jaeger",
 ]

@@ -27,6 +27,7 @@ from cdc import fastpath
 from cdc.config import ColumnMap, Settings
 from cdc.errors import ConfigError, InvalidTopicError, MalformedEventError, ReservedTopicError
 from cdc.stream.pgoutput import UNCHANGED_TOAST, Relation, Values
+from cdc.trace_context import properties_context
 
 log = logging.getLogger("cdc.route")
 
@@ -104,6 +105,10 @@ class EventRouter:
         self._required = itemgetter(*self._pos)
         self._pos_version = position("schema_version")
         self._pos_headers = position("headers")
+        span_context = self._columns.tracing_span_context
+        if self._pos_headers is None and span_context in names:
+            # Debezium's tracing column, when the table has one: parse_headers reads its Properties text.
+            self._pos_headers = names.index(span_context)
         optional = {"schema_version": self._pos_version, "headers": self._pos_headers}
         self._salvage = {
             f: p for f, p in (*zip(REQUIRED, required, strict=True), *optional.items()) if p is not None
@@ -308,13 +313,16 @@ def event_from_fields(fields: RowFields) -> OutboxEvent:
 
 
 def parse_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
-    """The row's ``headers`` jsonb as Kafka headers. Anything but a JSON object is ignored with a warning:
-    headers are metadata, and a bad one must not hold the event back."""
+    """The row's ``headers`` jsonb as Kafka headers, or the ``traceparent`` and ``tracestate`` of Debezium's
+    ``tracingspancontext`` text. Anything else is ignored with a warning: headers are metadata, and a bad
+    one must not hold the event back."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        log.warning("outbox headers column is not JSON; headers ignored")
-        return ()
+        context = properties_context(raw)
+        if not context:
+            log.warning("outbox headers column is not JSON; headers ignored")
+        return context
     if not isinstance(data, dict):
         log.warning("outbox headers column is not a JSON object; headers ignored")
         return ()

@@ -324,8 +324,11 @@ def test_debezium_preset(tmp_path: Path) -> None:
         schema_version=None,
         headers=None,
         created_at=None,
+        tracing_span_context="tracingspancontext",
     )
     assert load(tmp_path, env={"CDC_COLUMNS": "debezium"}).columns == s.columns
+    without = load(tmp_path, '[columns]\npreset = "debezium"\ntracing_span_context = false\n')
+    assert without.columns.tracing_span_context is None
 
 
 def test_preset_with_changes(tmp_path: Path) -> None:

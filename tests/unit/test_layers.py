@@ -1,7 +1,7 @@
 """The package's layers, low to high: base < avro < stream < ops < cli. No module imports a higher layer.
 
-- base: ``errors``, ``config``, ``config_loader`` and ``config_dsn``, ``logs``, ``pg``, ``fastpath`` (and the
-  bare package ``cdc``);
+- base: ``errors``, ``config``, ``config_loader`` and ``config_dsn``, ``logs``, ``pg``, ``fastpath``,
+  ``trace_context`` and ``tracing`` (and the bare package ``cdc``);
 - ``cdc.avro``: schemas, the encoder, compatibility, the registry, deserialization;
 - ``cdc.consumer`` (for the services downstream) and ``cdc.stream`` (the pipeline) sit side by side above
   avro: neither imports the other;
@@ -21,7 +21,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cdc"
 
-BASE = {"errors", "config", "config_loader", "config_dsn", "logs", "pg", "fastpath"}
+BASE = {
+    "errors",
+    "config",
+    "config_loader",
+    "config_dsn",
+    "logs",
+    "pg",
+    "fastpath",
+    "trace_context",
+    "tracing",
+}
 TOP = {"outbox", "metrics", "notify"}
 CLI = {"cli", "__main__"}
 WINGS = {"avro", "consumer", "stream", "ops"}

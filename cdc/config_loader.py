@@ -35,12 +35,11 @@ from cdc.config import (
     KafkaSettings,
     Settings,
     TableRef,
-    _is_secret,
-    _producer_error,
+    is_secret,
     redact_dsn,
-    validate_kafka_config,
 )
 from cdc.config_dsn import check_database_url
+from cdc.config_kafka import producer_error, validate_kafka_config
 from cdc.errors import ConfigError
 
 _KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(Settings) if f.name not in ("kafka", "sources")}
@@ -125,7 +124,7 @@ def _refuse_a_near_miss(name: str, librdkafka_key: str, value: str) -> None:
     """``CDC_KAFKA_BOOTSTRAP_SERVER`` is librdkafka's ``bootstrap.server``, which does not exist: the
     variable meant is one of ours, a letter away. Said only when librdkafka has no such property."""
     near = difflib.get_close_matches(name, [n for n in _ENV if n.startswith("CDC_KAFKA_")], n=1, cutoff=0.9)
-    if near and "No such configuration property" in (_producer_error({librdkafka_key: value}) or ""):
+    if near and "No such configuration property" in (producer_error({librdkafka_key: value}) or ""):
         raise ConfigError(
             f"unknown environment variable {name}: did you mean {near[0]}? (as a CDC_KAFKA_<KEY> variable "
             f"it would be librdkafka's {librdkafka_key!r}, which does not exist)",
@@ -252,7 +251,7 @@ def _kafka(merged: Mapping[str, tuple[object, str]]) -> KafkaSettings:
             continue
         value = str(value).lower() if isinstance(value, bool) else value
         if not isinstance(value, str | int | float):
-            shown = REDACTED if _is_secret(key) else value
+            shown = REDACTED if is_secret(key) else value
             raise _fail(key, f" ({where})", "a string, number or boolean", shown)
         if key == "kafka.bootstrap_servers":
             servers = str(value)

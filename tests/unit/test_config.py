@@ -18,8 +18,8 @@ from cdc.config import (
     TableRef,
     describe_dsn,
     redact_dsn,
-    validate_kafka_config,
 )
+from cdc.config_kafka import validate_kafka_config
 from cdc.config_loader import load_settings
 from cdc.errors import ConfigError
 

@@ -26,13 +26,14 @@ BASE = {
     "config",
     "config_loader",
     "config_dsn",
+    "config_kafka",
     "logs",
     "pg",
     "fastpath",
     "trace_context",
     "tracing",
 }
-TOP = {"outbox", "metrics", "notify"}
+TOP = {"outbox", "metrics", "pipeline_metrics", "notify"}
 CLI = {"cli", "__main__"}
 WINGS = {"avro", "consumer", "stream", "ops"}
 

@@ -621,7 +621,7 @@ def test_refuses_to_start_with_one_line_exit_2_unless_a_restart_helps(outbox, mi
     else:
         port = free_port()
         env["CDC_KAFKA_BOOTSTRAP_SERVERS"] = f"127.0.0.1:{port}"
-        want = f"cdc: error: Kafka at 127.0.0.1:{port} did not answer within 3 s"
+        want = f"cdc: error: Kafka at 127.0.0.1:{port} did not answer within startup_timeout = 3 s"
     code, stderr, elapsed = run_refused(env)
     assert code == (1 if missing == "broker" else 2), stderr
     line = error_line(stderr)

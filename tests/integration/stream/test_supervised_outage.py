@@ -86,5 +86,7 @@ def test_a_three_minute_kafka_outage_under_the_example_unit_ends_streaming_with_
     assert any("Message timed out; stopping without confirming past it" in log for log in logs), logs[0][
         -2000:
     ]
-    assert any("did not answer within 30 s" in log for log in logs), [log[-600:] for log in logs]
+    assert any("did not answer within startup_timeout = 30 s" in log for log in logs), [
+        log[-600:] for log in logs
+    ]
     assert code == 0, started[-1].tail()

@@ -44,6 +44,7 @@ from cdc.avro.deserialize import Event, KafkaMessage
 from cdc.config import TableRef
 from cdc.consumer.processed import mark_many, send_mark_many
 from cdc.consumer.records import BatchHandler, Handler
+from cdc.consumer.spans import HandlerSpans, processed
 
 log = logging.getLogger("cdc.consumer")
 
@@ -87,8 +88,10 @@ class Batches:
         counted: Callable[[Event, bool], None],
         done: Callable[..., None],
         stop: threading.Event,
+        spans: HandlerSpans | None = None,
     ) -> None:
         self._conn = conn
+        self._spans = spans  # None: no OpenTelemetry, no span
         self._handler = handler
         self._batch_handler = batch_handler
         self._deserializer = deserializer
@@ -210,11 +213,18 @@ class Batches:
             if self._batch_handler is not None:
                 return self._batch_effects(events, new)
             handled: set[str] = set()
+            spans = self._spans
             with self._conn.pipeline() if pipelined else contextlib.nullcontext() as pipeline:
                 for index, event in enumerate(events):
                     if event.id in new and event.id not in handled:
                         try:
-                            self._handler(self._conn, event)
+                            scope = None if spans is None else spans.processing(event)
+                            if scope is None:
+                                self._handler(self._conn, event)
+                            else:
+                                with scope as span:
+                                    processed(span, duplicate=False)
+                                    self._handler(self._conn, event)
                         except Exception as exc:
                             if pipeline is not None and not self._own_error(pipeline, exc):
                                 raise
@@ -253,7 +263,11 @@ class Batches:
                 handled.add(event.id)
         if fresh:
             try:
-                self._batch_handler(self._conn, fresh)
+                if self._spans is None:
+                    self._batch_handler(self._conn, fresh)
+                else:
+                    with self._spans.batch(fresh):
+                        self._batch_handler(self._conn, fresh)
             except Exception as exc:
                 if len(fresh) == 1:
                     raise _BatchEnded(events.index(fresh[0]), exc) from exc

@@ -83,6 +83,7 @@ from cdc.consumer.failures import RetryPolicy
 from cdc.consumer.processed import DEFAULT_TABLE
 from cdc.consumer.records import BatchHandler, Handler, Records
 from cdc.consumer.session import Session, consumer_config
+from cdc.consumer.spans import handler_spans
 from cdc.errors import ConfigError, ConsumerError, first_line
 
 log = logging.getLogger("cdc.consumer")
@@ -224,6 +225,7 @@ class IdempotentConsumer:
         """The parts that process records, each handed what it needs: the one place where the service's
         handler and batch handler are given to the consumer's code (to wrap them, a tracing span around
         each call say, wrap them here)."""
+        spans = handler_spans()  # OpenTelemetry's CONSUMER spans around the handlers, when it is installed
         records = Records(
             conn,
             handler=self.handler,
@@ -236,6 +238,7 @@ class IdempotentConsumer:
             done=session.done,
             stop=self._stop,
             counts=self.counts,
+            spans=spans,
         )
         return Batches(
             conn,
@@ -250,4 +253,5 @@ class IdempotentConsumer:
             counted=records.counted,
             done=session.done,
             stop=self._stop,
+            spans=spans,
         )

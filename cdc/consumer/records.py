@@ -31,6 +31,7 @@ from cdc.avro.deserialize import Event, KafkaMessage
 from cdc.config import TableRef
 from cdc.consumer.failures import RetryPolicy, classify, error_name, record_at
 from cdc.consumer.processed import mark_processed
+from cdc.consumer.spans import HandlerSpans, processed
 from cdc.errors import (
     DeserializationError,
     PermanentError,
@@ -67,8 +68,10 @@ class Records:
         done: Callable[..., None],
         stop: threading.Event,
         counts: dict[str, int],
+        spans: HandlerSpans | None = None,
     ) -> None:
         self._conn = conn
+        self._spans = spans  # None: no OpenTelemetry, no span
         self._handler = handler
         self._deserializer = deserializer
         self._table = table
@@ -168,8 +171,16 @@ class Records:
     def _apply(self, event: Event) -> bool:
         """One transaction: the guard row, and the handler when the row is new. True when it was new. The
         one place where the per-record path runs the service's handler."""
-        with self._conn.transaction():
+        scope = None if self._spans is None else self._spans.processing(event)
+        if scope is None:
+            with self._conn.transaction():
+                new = mark_processed(self._conn, self._table, event.id, self._name)
+                if new:
+                    self._handler(self._conn, event)
+            return new
+        with scope as span, self._conn.transaction():
             new = mark_processed(self._conn, self._table, event.id, self._name)
+            processed(span, duplicate=not new)
             if new:
                 self._handler(self._conn, event)
         return new

@@ -15,7 +15,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdc.config import Settings
 from cdc.errors import (
@@ -32,6 +32,9 @@ from cdc.stream.refusals import error_text
 from cdc.stream.route import OutboxEvent, parse_headers
 from cdc.stream.sender import Sender
 from cdc.stream.sink import DeliveryCallback, Headers, KafkaSink
+
+if TYPE_CHECKING:
+    from cdc.stream.spans import RelaySpans
 
 log = logging.getLogger("cdc.pipeline")
 # At DEBUG, one line per delivery report: where each event went (id, topic, partition, offset; no payload).
@@ -55,6 +58,7 @@ class DeadLetters:
         ensure_topic: Callable[[str], None],
         extra_headers: Headers,
         trace: bool,
+        spans: RelaySpans | None = None,
     ) -> None:
         self._settings = settings
         self._sink = sink
@@ -63,6 +67,7 @@ class DeadLetters:
         self._ensure_topic = ensure_topic
         self._extra_headers = extra_headers
         self._trace = trace
+        self._spans = spans
         self.by_reason: defaultdict[str, int] = defaultdict(int)
         limit = settings.max_dead_letters
         self._times: deque[float] | None = deque(maxlen=limit) if limit else None
@@ -98,7 +103,9 @@ class DeadLetters:
             ("aggregate_type", event.aggregate_type.encode()),
         ]
         payload = None if isinstance(exc, EventTooLargeError) else event.payload
-        self._send(exc.reason, event.aggregate_id, payload, headers, list(event.headers))
+        self._send(
+            exc.reason, event.aggregate_id, payload, headers, self._traced(list(event.headers), event.id, exc)
+        )
 
     def raw(self, exc: MalformedEventError, salvaged: dict[str, bytes]) -> None:
         """A change that is no valid event, dead-lettered with every field that could be read of it (key,
@@ -118,7 +125,18 @@ class DeadLetters:
         ]
         raw_headers = salvaged.get("headers")
         row_headers: Headers = list(parse_headers(raw_headers)) if raw_headers is not None else []
+        row_headers = self._traced(row_headers, event_id, exc)
         self._send(exc.reason, salvaged.get("aggregate_id"), salvaged.get("payload"), headers, row_headers)
+
+    def _traced(self, row_headers: Headers, event_id: str, exc: EventError) -> Headers:
+        """With tracing on, the dead letter's own span (an error, with the reason), whose context the dead
+        letter carries in place of the row's."""
+        spans, txn = self._spans, self._current.txn
+        if spans is None or txn is None:
+            return row_headers
+        return spans.dead_lettered(
+            row_headers, self._settings.dlq_topic, event_id, exc.reason, txn.commit_time_us
+        )
 
     def _headers(self, exc: EventError, original_topic: str, event_id: str) -> Headers:
         current = self._current

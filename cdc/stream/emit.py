@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from cdc.errors import CdcError, EventError, EventTooLargeError, MalformedEventError
 from cdc.stream.checkpoint import SourceTransaction, Transaction
@@ -22,6 +22,9 @@ from cdc.stream.route import EventRouter, RowFields, event_from_fields, parse_he
 from cdc.stream.routes import Routes
 from cdc.stream.sender import Sender
 from cdc.stream.sink import Headers, KafkaSink, ProducerStoppedError
+
+if TYPE_CHECKING:
+    from cdc.stream.spans import RelaySpans
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -40,6 +43,7 @@ class Emitter:
         keep_alive: Callable[[], None],
         fail: Callable[[], NoReturn],
         extra_headers: Headers,
+        spans: RelaySpans | None = None,
     ) -> None:
         self._router = router
         self._routes = routes
@@ -53,6 +57,7 @@ class Emitter:
         self._fail = fail
         self._extra_headers = extra_headers
         self._published = routes.published
+        self._spans = spans  # None: tracing is off, and it costs one test per event
         # Decided once: the hot path must not pay for a closure per event when nobody reads the lines.
         self._trace = delivery_log.isEnabledFor(logging.DEBUG)
         # The source transaction being read (copies of the shared holder's, read per event).
@@ -129,6 +134,15 @@ class Emitter:
             if refusal is not None:
                 self._dead_letters.event(event_from_fields(fields), refusal, topic)
                 return
+        spans = self._spans
+        span = None
+        if spans is not None and (raw_headers is not None or spans.always):
+            started = spans.start(
+                headers, topic, aggregate_id, id_, event_type, version, self._lsn, txn.commit_time_us
+            )
+            if started is not None:
+                span, headers = started
+                on_delivery = spans.delivered(span, on_delivery)
         try:
             if careful:
                 self._sender.send(topic, aggregate_id, value, headers, on_delivery)
@@ -139,6 +153,8 @@ class Emitter:
         except ProducerStoppedError:
             self._fail()
         except EventTooLargeError as exc:
+            if span is not None:
+                span.end()  # its record never went: the dead letter's span says why
             self._dead_letters.event(event_from_fields(fields), exc, topic)
             return
         # Counted once handed over: its delivery report can only come from a later poll().

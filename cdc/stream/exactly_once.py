@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -61,6 +61,7 @@ class ExactlyOnce:
         keep_alive: Callable[[], None],
         pending_failure: Callable[[], bool],
         shutdown_left: Callable[[], float | None],
+        end_spans: Callable[[list[Any], bool], None] = lambda spans, committed: None,
     ) -> None:
         self._settings = settings
         self._sink = sink
@@ -68,6 +69,8 @@ class ExactlyOnce:
         self._keep_alive = keep_alive
         self._pending_failure = pending_failure
         self._shutdown_left = shutdown_left
+        self._end_spans = end_spans  # the traced records' spans end with their Kafka transaction
+        self._spans: list[Any] = []
         self._ktx = KafkaTransaction(settings)
         self.checkpoint: Checkpoint | None = None  # what the last committed Kafka transaction covers
         self._server: ServerIdentity | None = None  # whose WAL the current session reads
@@ -212,6 +215,8 @@ class ExactlyOnce:
             self._ktx.open = False
             self.aborts += 1
         self._acks.restart(confirmable)
+        if self._spans:
+            self._end_spans(self._spans, False)
         # An abort taken for failed may have committed (the coordinator finishes what a new producer's
         # init_transactions() finds): what Kafka holds decides what the next session skips.
         self._stale = True
@@ -230,6 +235,10 @@ class ExactlyOnce:
 
     def describe(self) -> str:
         return format_lsn(self.checkpoint.end_lsn) if self.checkpoint else "none"
+
+    def track(self, span: Any) -> bool:
+        self._spans.append(span)
+        return False  # ended when its Kafka transaction commits, or aborts
 
     # -- the Kafka transaction -------------------------------------------------------------------------------
 
@@ -264,6 +273,8 @@ class ExactlyOnce:
                 self._abort(self._classify(exc, "commit"))
         ktx.open = False
         sink.poll(0)  # the delivery reports of what was committed: the watermark moves
+        if self._spans:
+            self._end_spans(self._spans, True)
         self.commits += 1
         if checkpoint is not None:
             self.checkpoint = checkpoint

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from typing import Any
 
 from cdc import fastpath
 from cdc.avro.reload import SchemaSet
@@ -46,6 +47,7 @@ from cdc.stream.sink import Headers, KafkaSink
 from cdc.stream.slot_watch import SlotWatch
 from cdc.stream.stream_loop import StreamLoop
 from cdc.stream.waits import Waits
+from cdc.tracing import start as start_tracing
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -76,6 +78,8 @@ class Pipeline:
         self.heartbeat = heartbeat = Heartbeat(s)
         self.slot_watch = slot_watch = SlotWatch(s)  # other slots created or dropped on the cluster
         position = PositionWriter(s)  # for `cdc recover`: how far Kafka acknowledged the outbox
+        # Tracing (issue 40): OpenTelemetry's SDK from the OTEL_* variables, or None (off, or not installed).
+        self.tracing = tracing = start_tracing(s.tracing)
         publisher: Publisher
         # The parts below call each other through these, bound once every part exists.
         confirmer: Confirmer
@@ -88,6 +92,11 @@ class Pipeline:
         def until_empty() -> None:
             waits.until_empty()
 
+        def end_spans(spans: list[Any], committed: bool) -> None:
+            from cdc.stream.spans import end_all
+
+            end_all(spans, committed=committed)
+
         if s.delivery == "exactly-once":
             publisher = ExactlyOnce(
                 s,
@@ -96,6 +105,7 @@ class Pipeline:
                 keep_alive=keep_alive,
                 pending_failure=failures.pending,
                 shutdown_left=lambda: waits.shutdown_left() if life.stopping else None,
+                end_spans=end_spans,
             )
         else:
             publisher = AtLeastOnce(sink, until_empty)
@@ -127,6 +137,11 @@ class Pipeline:
             retrying=waits.retrying,
             shrink_batches=publisher.shrink_batches,
         )
+        spans = None
+        if tracing is not None:
+            from cdc.stream.spans import RelaySpans  # OpenTelemetry is an optional extra
+
+            spans = RelaySpans(tracing, track=publisher.track)
         sender = Sender(
             sink, refusals, current, until_empty=until_empty, keep_alive=keep_alive, fail=failures.fail
         )
@@ -138,6 +153,7 @@ class Pipeline:
             ensure_topic=routes.ensure_topic,
             extra_headers=headers,
             trace=delivery_log.isEnabledFor(logging.DEBUG),
+            spans=spans,
         )
         self.emitter = emitter = Emitter(
             router,
@@ -150,6 +166,7 @@ class Pipeline:
             keep_alive=keep_alive,
             fail=failures.fail,
             extra_headers=headers,
+            spans=spans,
         )
         loop = StreamLoop(
             life=life,
@@ -170,6 +187,8 @@ class Pipeline:
         def finish(confirmed: int) -> None:
             position.offer(float("inf"), confirmed, acks.tracker.last_outbox)
             position.close()
+            if tracing is not None:  # what is queued, within what is left of shutdown_timeout
+                tracing.shutdown(max(0.5, waits.shutdown_left()))
             self._report()
 
         self.sessions = Sessions(

@@ -16,7 +16,7 @@ Kafka transaction at the source transaction's Begin.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from cdc.errors import DeliveryError
 from cdc.stream.checkpoint import Transaction
@@ -66,6 +66,10 @@ class Publisher(Protocol):
     def describe(self) -> str:
         """Where the mode stands, for a log line (the checkpoint, in exactly-once)."""
 
+    def track(self, span: Any) -> bool:
+        """A traced record's span (cdc.stream.spans): True when it ends at the record's acknowledgement,
+        False when the publisher ends it (with its Kafka transaction)."""
+
 
 class AtLeastOnce:
     """Records are produced as they come; the slot is confirmed as far as Kafka acknowledged. A failed
@@ -111,3 +115,6 @@ class AtLeastOnce:
 
     def describe(self) -> str:
         return "at-least-once"
+
+    def track(self, span: Any) -> bool:
+        return True  # acknowledged is final

@@ -1,0 +1,142 @@
+"""The relay's spans: one PRODUCER span ``send <topic>`` per traced event, so that a trace goes on from the
+request that wrote the outbox row, through the WAL, the relay and Kafka, to the consumer.
+
+Owns nothing of the stream: it is handed OpenTelemetry's tracer (:mod:`cdc.tracing`, set up from the
+``OTEL_*`` variables) and the ``tracing`` setting. Which events: with ``row-context-only`` (the default),
+those whose row carries a sampled W3C ``traceparent`` (an unsampled one passes through as it came, and no span
+object is made); with ``always``, every event, a row's context or not. A span:
+
+- is a child of the row's context, named ``send <topic>``, of kind PRODUCER, with OpenTelemetry's messaging
+  attributes for Kafka (``messaging.system``, ``messaging.destination.name``, the partition and the offset
+  once acknowledged, the key, the event id as ``messaging.message.id``) and the event type, schema version
+  and commit LSN;
+- starts at the source transaction's commit time and ends when the record is final: acknowledged by Kafka
+  (at-least-once), or when its Kafka transaction commits (exactly-once; an aborted one's spans say so). Its
+  length is the event's time from commit to Kafka;
+- replaces the row's ``traceparent`` and ``tracestate`` in the record's headers, so that the consumer's span
+  is its child.
+
+A dead-lettered event's span carries an error status and the reason. Ending a span only queues it: the
+export runs on the SDK's own thread, bounded, and a lost span is counted, never waited for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from cdc.stream.sink import DeliveryCallback, Headers
+from cdc.trace_context import find_context, is_sampled, remote_context, replace_context
+from cdc.tracing import Tracing
+
+Span = Any  # opentelemetry.trace.Span: the SDK is an optional extra
+
+
+class RelaySpans:
+    def __init__(self, tracing: Tracing, *, track: Callable[[Span], bool]) -> None:
+        self._tracer = tracing.tracer
+        self.always = tracing.mode == "always"
+        self._track = track  # the publisher's: True when a span ends at its record's acknowledgement
+
+    def start(
+        self,
+        headers: Headers,
+        topic: str,
+        key: bytes | None,
+        event_id: bytes | str,
+        event_type: bytes | str,
+        version: bytes | int,
+        lsn: bytes,
+        commit_time_us: int,
+    ) -> tuple[Span, Headers] | None:
+        """A span for the record about to be produced, and its headers carrying the span's context; None when
+        the event is not traced."""
+        context = find_context(headers)  # type: ignore[arg-type]
+        if context is None:
+            if not self.always:
+                return None
+            parent = None
+        elif not is_sampled(context[0]):
+            return None  # the parent decided: the row's context goes on as it came, no span
+        else:
+            parent = remote_context(*context)
+        span = self._tracer.start_span(
+            f"send {topic}",
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            start_time=commit_time_us * 1000,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+                "messaging.destination.name": topic,
+                "messaging.kafka.message.key": _text(key),
+                "messaging.message.id": _text(event_id),
+                "cdc.event_type": _text(event_type),
+                "cdc.schema_version": int(version),
+                "cdc.commit_lsn": lsn.decode(),
+            },
+        )
+        return span, replace_context(headers, span)  # type: ignore[arg-type,return-value]
+
+    def delivered(self, span: Span, on_delivery: DeliveryCallback) -> DeliveryCallback:
+        """``on_delivery``, noting on the span where the record went (and ending it, when it is final)."""
+        ends = self._track(span)
+
+        def report(err: Any, msg: Any) -> None:
+            if err is None:
+                span.set_attribute("messaging.destination.partition.id", str(msg.partition()))
+                span.set_attribute("messaging.kafka.offset", msg.offset())
+            else:
+                span.set_status(Status(StatusCode.ERROR, f"not delivered: {err}"))
+            if ends:
+                span.end()
+            on_delivery(err, msg)
+
+        return report
+
+    def dead_lettered(
+        self, row_headers: Headers, dlq_topic: str, event_id: str, reason: str, commit_time_us: int
+    ) -> Headers:
+        """A dead-lettered event's span (error status, the reason), ended at once; the dead letter's row
+        headers carry its context."""
+        context = find_context(row_headers)  # type: ignore[arg-type]
+        if context is None and not self.always:
+            return row_headers
+        if context is not None and not is_sampled(context[0]):
+            return row_headers
+        span = self._tracer.start_span(
+            f"send {dlq_topic}",
+            context=None if context is None else remote_context(*context),
+            kind=SpanKind.PRODUCER,
+            start_time=commit_time_us * 1000,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": dlq_topic,
+                "messaging.message.id": event_id,
+                "cdc.dead_letter_reason": reason,
+            },
+        )
+        span.set_status(Status(StatusCode.ERROR, f"dead-lettered: {reason}"))
+        headers = replace_context(row_headers, span)  # type: ignore[arg-type]
+        span.end()
+        return headers  # type: ignore[return-value]
+
+
+def end_all(spans: list[Span], *, committed: bool) -> None:
+    """The spans of a Kafka transaction's records, ended with it: committed, or aborted (their records will
+    never be read by a read_committed consumer)."""
+    for span in spans:
+        if not committed:
+            span.set_status(Status(StatusCode.ERROR, "the Kafka transaction was aborted"))
+        span.end()
+    spans.clear()
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

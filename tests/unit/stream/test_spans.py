@@ -1,0 +1,113 @@
+"""The relay's spans at their own interface, with OpenTelemetry's in-memory exporter: which events get one,
+its parent, its times and attributes, the headers that carry it, and when it ends in each delivery mode."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from cdc.stream.spans import RelaySpans, end_all
+
+SAMPLED = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+UNSAMPLED = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+COMMIT_US = 1_796_000_000_123_456
+
+
+class Msg:
+    def partition(self) -> int:
+        return 2
+
+    def offset(self) -> int:
+        return 41
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+def relay(exporter: InMemorySpanExporter, mode: str = "row-context-only", *, ends_at_ack: bool = True):
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = SimpleNamespace(tracer=provider.get_tracer("test"), mode=mode)
+    held: list = []
+
+    def track(span) -> bool:
+        if not ends_at_ack:
+            held.append(span)
+        return ends_at_ack
+
+    return RelaySpans(tracing, track=track), held  # type: ignore[arg-type]
+
+
+def start(spans: RelaySpans, headers):
+    base = [("id", b"e-1"), ("event_type", b"OrderPlaced")]
+    return spans.start(base + headers, "app.order", b"o-1", b"e-1", b"OrderPlaced", b"1", b"0/3E8", COMMIT_US)
+
+
+def test_a_sampled_row_gets_a_producer_span_from_its_commit_and_the_record_carries_it(exporter):
+    spans, _ = relay(exporter)
+    span, headers = start(spans, [("traceparent", SAMPLED), ("tracestate", b"k=v"), ("tenant", b"acme")])
+    ctx = span.get_span_context()
+    assert [k for k, _ in headers].count("traceparent") == 1
+    carried = dict(headers)["traceparent"].decode()
+    assert carried == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01" and dict(headers)["tenant"] == b"acme"
+    assert dict(headers)["tracestate"] == b"k=v"
+    reported = []
+    spans.delivered(span, lambda err, msg: reported.append(err))(None, Msg())
+    assert reported == [None], "the pipeline's own delivery callback still runs"
+    [done] = exporter.get_finished_spans()
+    assert done.name == "send app.order" and done.kind is SpanKind.PRODUCER
+    assert done.parent.span_id == 0x00F067AA0BA902B7 and done.context.trace_id == ctx.trace_id
+    assert done.start_time == COMMIT_US * 1000
+    attributes = dict(done.attributes)
+    assert (
+        attributes["messaging.system"] == "kafka" and attributes["messaging.destination.name"] == "app.order"
+    )
+    assert attributes["messaging.message.id"] == "e-1" and attributes["messaging.kafka.message.key"] == "o-1"
+    assert (
+        attributes["messaging.destination.partition.id"] == "2" and attributes["messaging.kafka.offset"] == 41
+    )
+    assert attributes["cdc.event_type"] == "OrderPlaced" and attributes["cdc.commit_lsn"] == "0/3E8"
+
+
+def test_an_unsampled_row_passes_through_without_a_span_object(exporter):
+    spans, _ = relay(exporter)
+    assert start(spans, [("traceparent", UNSAMPLED)]) is None
+    assert start(spans, []) is None, "row-context-only: no context, no span"
+    assert exporter.get_finished_spans() == ()
+
+
+def test_always_traces_a_row_without_context_as_a_new_trace(exporter):
+    spans, _ = relay(exporter, "always")
+    span, headers = start(spans, [])
+    assert "traceparent" in dict(headers) and span.parent is None
+
+
+def test_exactly_once_ends_the_spans_with_the_kafka_transaction(exporter):
+    spans, held = relay(exporter, ends_at_ack=False)
+    first, _ = start(spans, [("traceparent", SAMPLED)])
+    spans.delivered(first, lambda err, msg: None)(None, Msg())
+    assert exporter.get_finished_spans() == (), "acknowledged, not committed: not over"
+    end_all(held, committed=True)
+    assert [s.status.status_code for s in exporter.get_finished_spans()] == [StatusCode.UNSET]
+    second, _ = start(spans, [("traceparent", SAMPLED)])
+    spans.delivered(second, lambda err, msg: None)  # produced; its transaction aborts before the report
+    end_all(held, committed=False)
+    aborted = exporter.get_finished_spans()[-1]
+    assert aborted.status.status_code is StatusCode.ERROR and "aborted" in aborted.status.description
+    assert held == []
+
+
+def test_a_dead_letters_span_says_the_reason(exporter):
+    spans, _ = relay(exporter)
+    headers = spans.dead_lettered([("traceparent", SAMPLED)], "app.dlq", "e-1", "schema_not_found", COMMIT_US)
+    [done] = exporter.get_finished_spans()
+    assert done.status.status_code is StatusCode.ERROR and "schema_not_found" in done.status.description
+    assert dict(done.attributes)["cdc.dead_letter_reason"] == "schema_not_found"
+    assert dict(headers)["traceparent"] != SAMPLED, "the dead letter carries its own span's context"

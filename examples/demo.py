@@ -74,9 +74,14 @@ def say(text: str) -> None:
 
 def insert(
     conn: psycopg.Connection[object], events: list[tuple[str, str, str, int, dict[str, object]]]
-) -> None:
+) -> list[tuple[str, str]]:
+    """The rows, each with a W3C trace context of its own, as a traced request would write it; returns
+    (event type and aggregate, trace id) of each."""
+    traces = []
     with conn.cursor() as cur:
         for aggregate_type, aggregate_id, event_type, version, payload in events:
+            trace_id = uuid.uuid4().hex
+            traces.append((f"{event_type} {aggregate_id}", trace_id))
             cur.execute(
                 "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, schema_version, payload,"
                 " headers) VALUES (gen_random_uuid(), %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
@@ -86,11 +91,10 @@ def insert(
                     event_type,
                     version,
                     orjson.dumps(payload).decode(),
-                    orjson.dumps(
-                        {"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"}
-                    ).decode(),
+                    orjson.dumps({"traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"}).decode(),
                 ),
             )
+    return traces
 
 
 def consume(topics: list[str], expected: int, timeout: float = 30) -> list[object]:
@@ -133,9 +137,9 @@ def main() -> int:
         time.sleep(3)
         say("the application commits business transactions with outbox rows")
         with psycopg.connect(settings.database_url) as conn:
-            insert(conn, EVENTS[:2])
+            traces = insert(conn, EVENTS[:2])
             conn.commit()
-            insert(conn, EVENTS[2:])
+            traces += insert(conn, EVENTS[2:])
             conn.commit()
             insert(conn, [("order", "o-9999", "OrderPlaced", 1, {**ORDER, "order_id": "o-9999"})])
             conn.rollback()
@@ -152,6 +156,14 @@ def main() -> int:
                 f"  {msg.topic()} key={msg.key().decode()} {event_type} v{version} "  # type: ignore[attr-defined]
                 f"commit_lsn={headers['commit_lsn'].decode()}\n    {body}"
             )
+
+        jaeger = os.environ.get("CDC_STACK_JAEGER_URL")
+        if jaeger:
+            say("each event's trace: the relay's `send` span, from the commit to Kafka (Jaeger)")
+            for what, trace_id in traces:
+                print(f"  {what}: {jaeger}/trace/{trace_id}")
+        else:
+            print("  (CDC_STACK_TRACING=1 make demo starts Jaeger too, and prints each event's trace)")
 
         say("what went to the dead-letter topic")
         for msg in consume([f"demo.{RUN}.dlq"], expected=1):

@@ -313,6 +313,19 @@ def _end_stale_walsender(conn: psycopg.Connection[Any], slot: str, pid: int, sil
     return True
 
 
+def end_own_walsender(settings: Settings, pid: int) -> bool:
+    """Our own last connection's walsender ``pid`` went silent (the network froze it, so the server does not
+    know it is gone): end it rather than wait for wal_sender_timeout. True when it was ended."""
+    try:
+        ended = end_walsender(database_dsn(settings), pid, settings.query_timeout)
+    except (SourceConnectionError, psycopg.Error) as failure:
+        log.warning("could not end our silent walsender (pid %d): %s", pid, failure)
+        return False
+    if ended:
+        log.warning("ended our previous walsender (pid %d), silent since its connection froze", pid)
+    return ended
+
+
 def end_walsender(dsn: str, pid: int, timeout: float) -> bool:
     """Terminate our own walsender of a connection that went silent: the server would keep it, and the
     slot with it, until wal_sender_timeout. A role may end its own backends. True when it was ended."""

@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-import psycopg
-
 from cdc.config import Settings, describe_dsn
 from cdc.errors import (
     CdcError,
@@ -40,7 +38,7 @@ from cdc.stream.confirm import Confirmer
 from cdc.stream.failures import DeliveryFailures
 from cdc.stream.identity import SlotIdentity
 from cdc.stream.life import Draining, Life, Reconnecting, Standby, Stopped, Streaming
-from cdc.stream.preflight import end_walsender, preflight
+from cdc.stream.preflight import end_own_walsender, preflight
 from cdc.stream.progress import checkpoint_table, settle_partitioner
 from cdc.stream.publisher import Publisher
 from cdc.stream.refusals import RefusalLedger
@@ -178,7 +176,19 @@ class Sessions:
                     self._waits.sleep(STANDBY_POLL)
                     continue
                 if first:
-                    raise  # another pipeline streams from the slot: a refusal
+                    # Another pipeline streams from it (a refusal), or one just killed left its walsender:
+                    # ended once silent past source_silence_timeout, and waited for within startup_timeout.
+                    if time.monotonic() - started >= s.startup_timeout:
+                        raise
+                    log.warning(
+                        "%s; the start waits for it to be released or to go silent (source_silence_timeout "
+                        "= %g s), up to startup_timeout = %g s",
+                        exc,
+                        s.source_silence_timeout,
+                        s.startup_timeout,
+                    )
+                    self._waits.sleep(STANDBY_POLL)
+                    continue
                 if not self._end_own_walsender(exc):
                     self._reconnect_later(exc)
             except SourceConnectionError as exc:
@@ -253,7 +263,7 @@ class Sessions:
         self._loop.run(source)
 
     def _reconnecting(self, cause: str) -> float:
-        """Into Reconnecting with the next backoff delay; returns the delay."""
+        """Into Reconnecting; the next backoff delay."""
         delay = self._backoff.next_delay()
         if not self._life.stopping:
             self._life.to(Reconnecting(self._backoff.attempt, time.monotonic(), cause))
@@ -316,21 +326,13 @@ class Sessions:
         self._waits.sleep(delay)
 
     def _end_own_walsender(self, exc: SlotActiveError) -> bool:
-        """The slot is held by the walsender of our own last connection, which went silent (frozen by the
-        network, so the server does not know it is gone): end it rather than wait for wal_sender_timeout.
-        True when it was ended and the next session may start at once."""
-        pid, ours = exc.pid, self._last_walsender
-        if pid is None or pid != ours:
+        """The slot is held by the walsender of our own last connection, which went silent: end it rather
+        than wait for wal_sender_timeout. True when the next session may start at once."""
+        ours = self._last_walsender
+        if ours is None or exc.pid != ours:
             return False
         self._last_walsender = None
-        try:
-            ended = end_walsender(database_dsn(self._settings), pid, self._settings.query_timeout)
-        except (SourceConnectionError, psycopg.Error) as failure:
-            log.warning("could not end our silent walsender (pid %d): %s", pid, failure)
-            return False
-        if ended:
-            log.warning("ended our previous walsender (pid %d), silent since its connection froze", pid)
-        return ended
+        return end_own_walsender(self._settings, ours)
 
     def _drain_after_loss(self) -> None:
         """After losing the source: let Kafka finish what it has, so the restarted stream's replays come

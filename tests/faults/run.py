@@ -648,7 +648,8 @@ def one_run(
     run.note(t0, f"SIGTERM: exit {code}")
     proxy.stop()
     pg_proxy.stop()
-    run.env["CDC_DATABASE_URL"] = run.dsn  # the second run goes straight to the server
+    run.env["CDC_DATABASE_URL"] = run.dsn  # the second run goes straight to the server, and so do the rest
+    run.env["CDC_SCHEMA_REGISTRY_URL"] = run.registry_url  # (the registry's proxy is gone)
 
     deserializer = EventDeserializer(SCHEMAS, schema_registry_url=run.registry_url)
     try:

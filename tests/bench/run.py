@@ -20,7 +20,10 @@ Phases, all in one run so that their ratios are measured side by side on the sam
 4. latency: a pipeline caught up on its slot, a separate process inserting 100-row transactions every 10 ms
    (``--latency-rate``) for ``--latency-seconds``, and a consumer in this process measuring receive time minus
    record timestamp (= commit time) per record; for at-least-once, then for exactly-once.
-5. results: JSON (``--output``) and a summary on stdout. Clean-up (pipeline, slots, database, topics)
+5. tracing (``tests.bench.tracing``, ``--tracing-events``): ``cdc run`` with tracing off, with 1 % of rows
+   sampled and with 100 %, each draining a slot of rows that carry a ``traceparent``: events/s and CPU µs per
+   event against off.
+6. results: JSON (``--output``) and a summary on stdout. Clean-up (pipeline, slots, database, topics)
    always runs.
 """
 
@@ -56,6 +59,8 @@ from tests.bench.measure import bare_drain, measure_drain
 from tests.bench.procs import MachineCpu, PipelineProcess, Sampler, cpu_seconds, summarize_rss
 from tests.bench.profiles import cprofile_top, pyspy_top
 from tests.bench.report import LABELS, RELAYS, TARGETS, summary, throughput, verdicts
+from tests.bench.tracing import lines as tracing_lines
+from tests.bench.tracing import tracing_phase
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLICATION = "bench_outbox"
@@ -99,6 +104,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="every relay connects over the server's Unix socket (its first unix_socket_directories) instead "
         "of CDC_DATABASE_URL's host; the stack's URL is TCP",
     )
+    p.add_argument(
+        "--tracing-events",
+        type=int,
+        help="events per pass of the tracing phase: off, 1%% and 100%% sampled (default 200 000, 0: skip)",
+    )
     p.add_argument("--database", default="cdc_bench", help="bench database, dropped and re-created")
     p.add_argument("--output", type=Path, help="JSON file (default bench-results/bench-<timestamp>.json)")
     p.add_argument(
@@ -112,6 +122,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.events = 100_000 if args.quick else 1_000_000
     if args.latency_seconds is None:
         args.latency_seconds = 10.0 if args.quick else 20.0
+    if args.tracing_events is None:
+        args.tracing_events = min(args.events, 200_000)
     if args.events <= 0 or args.events % args.rows_per_txn:
         p.error(f"--events must be a positive multiple of --rows-per-txn ({args.rows_per_txn})")
     if args.repeat < 1:
@@ -289,6 +301,8 @@ class Bench:
             if a.exactly_once:
                 self.result["latency_exactly_once"] = self.latency_phase(delivery="exactly-once")
         self.result["kafka_check"] = self.kafka_check()
+        if a.tracing_events:  # last: its fills must not reach the latency phase's slot
+            self.result["tracing"] = tracing_phase(self, a.tracing_events)
 
     def prepare(self) -> None:
         a = self.args
@@ -369,12 +383,13 @@ class Bench:
         profile: str = "none",
         delivery: str = "at-least-once",
         topic_prefix: str | None = None,
+        extra: dict[str, str] | None = None,
     ) -> PipelineProcess:
         base = self.output.with_name(f"bench-{self.stamp}-{name}")
         cprofile_out = base.with_suffix(".prof") if profile == "cprofile" else None
         pyspy_out = base.with_suffix(".py-spy.txt") if profile == "py-spy" else None
         proc = PipelineProcess(
-            self.pipeline_env(slot, delivery, topic_prefix),
+            {**self.pipeline_env(slot, delivery, topic_prefix), **(extra or {})},
             base.with_suffix(".log"),
             ROOT,
             cprofile_out=cprofile_out,
@@ -382,6 +397,33 @@ class Bench:
         )
         self._pipelines.append(proc)
         return proc
+
+    # What a phase of another module asks of the bench (tests.bench.tracing).
+
+    @property
+    def kafka_admin(self) -> AdminClient:
+        return self._kafka_admin
+
+    def create_topics(self, topics: list[NewTopic]) -> None:
+        for name, future in self._kafka_admin.create_topics(topics, operation_timeout=30).items():
+            future.result(timeout=60)
+            self._topics_created.append(name)
+
+    def progress(self, phase: str, message: str) -> None:
+        self._progress(phase, message)
+
+    def walsender(self, slot: str) -> int | None:
+        assert self._watch is not None
+        active, pid, _ = self._watch.state(slot)
+        return pid if active else None
+
+    def slot_confirmed(self, slot: str, target: int) -> bool:
+        assert self._watch is not None
+        return self._watch.state(slot)[2] >= target
+
+    def forget_pipeline(self, proc: PipelineProcess) -> None:
+        """A pipeline measure_drain stopped."""
+        self._pipelines.remove(proc)
 
     def stop_pipeline(self, proc: PipelineProcess) -> dict[str, Any]:
         outcome = proc.stop()
@@ -719,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.result["verdicts"] = verdicts(bench.result)
     bench.result["output"] = str(bench.output)
     bench.output.write_text(json.dumps(bench.result, indent=2) + "\n")
-    print("\n".join(summary(bench.result)))
+    print("\n".join(summary(bench.result) + tracing_lines(bench.result.get("tracing", {}))))
     return code
 
 

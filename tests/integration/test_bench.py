@@ -45,6 +45,10 @@ def test_bench_measures_every_relay_on_its_own_slot_and_cleans_up(
     kafka = result["kafka_check"]
     assert kafka["records"] == kafka["expected"] and kafka["dlq_records"] == 0
     assert "| `cdc run`, exactly-once |" in done.stdout
+    tracing = result["tracing"]["runs"]
+    assert set(tracing) == {"off", "1%", "100%"}
+    assert all(run["records"] == run["distinct_event_ids"] == EVENTS for run in tracing.values()), tracing
+    assert all(run["cpu_of_off"] for run in tracing.values()) and "TRACING" in done.stdout
 
     # Nothing left behind: the database and its slots, the topics.
     assert "cleanup_problems" not in result

@@ -1,0 +1,159 @@
+"""`make bench`'s tracing phase: what OpenTelemetry costs `cdc run`, side by side on one stack.
+
+Three passes, each draining a pre-filled slot of ``--tracing-events`` rows that carry a W3C ``traceparent``
+in their headers (as rows written under a traced request do):
+
+- ``off``: ``tracing = "off"``, rows whose ``traceparent`` is sampled for 1 row in 100;
+- ``1%``: ``tracing = "row-context-only"``, the same rows (the same slot's WAL): a span for the sampled 1 %,
+  and the other 99 % passed through with one byte test, no span object;
+- ``100%``: ``tracing = "row-context-only"``, rows all sampled (a fill of its own, after the first two slots
+  were drained and dropped, so that the slot reads it alone).
+
+Spans go to the stack's Jaeger when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``CDC_STACK_TRACING=1``),
+else nowhere (``OTEL_TRACES_EXPORTER=none``: the export's own cost is then left out, and the report says so).
+Each pass is measured as the throughput passes are (``tests.bench.measure``): events/s from the records'
+LogAppendTime, CPU µs per event of the relay's process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka.admin import NewTopic
+
+from tests.bench import db
+from tests.bench.load import insert_marked
+from tests.bench.measure import measure_drain
+
+if TYPE_CHECKING:
+    from tests.bench.run import Bench
+
+PASSES = (("off", "off", 100), ("1%", "row-context-only", 100), ("100%", "row-context-only", 1))
+
+TRACED_FILL = """
+CREATE OR REPLACE PROCEDURE bench_fill_traced(p_first bigint, p_transactions int, p_rows int,
+                                              p_aggregates int, p_every int)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    FOR t IN 0 .. p_transactions - 1 LOOP
+        INSERT INTO public.outbox
+            (id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers)
+        SELECT md5('bench-event-' || g)::uuid, 'order', 'order-' || ((g * 7919) % p_aggregates),
+               'OrderPlaced', 1, (SELECT p.payload FROM bench_payloads p WHERE p.n = g % {count}),
+               jsonb_build_object('traceparent', '00-' || md5('trace-' || g) || '-'
+                   || substr(md5('span-' || g), 1, 16) || CASE WHEN g % p_every = 0 THEN '-01' ELSE '-00' END)
+        FROM generate_series(p_first + t::bigint * p_rows, p_first + (t + 1)::bigint * p_rows - 1) AS g;
+        COMMIT;
+    END LOOP;
+END
+$fn$;
+"""
+
+
+def tracing_phase(bench: Bench, events: int) -> dict[str, Any]:
+    """The three passes; their rates and CPU, and each one's against ``off``."""
+    rows = bench.args.rows_per_txn
+    events -= events % rows
+    exporter = "jaeger" if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none"
+    with db.connect(bench.bench_dsn) as conn:
+        conn.execute(TRACED_FILL.replace("{count}", str(db.PAYLOADS)))
+    slots = {name: f"bench_{bench.run_id}_trace_{name.rstrip('%')}" for name, _, _ in PASSES}
+    runs: dict[str, dict[str, Any]] = {}
+    # off and 1% read the same fill (1 row in 100 sampled); 100% a fill of its own, made after the first
+    # two slots were drained and dropped, so that its slot reads it alone.
+    for group, every in ((("off", "1%"), 100), (("100%",), 1)):
+        with db.connect(bench.bench_dsn) as conn:
+            for name in group:
+                db.create_slot(conn, slots[name])
+        target = _fill(bench, events, rows, every)
+        for name in group:
+            mode = dict((n, m) for n, m, _ in PASSES)[name]
+            runs[name] = {
+                "tracing": mode,
+                "sampled_every": every,
+                **_drain(bench, name, mode, slots[name], events, target, exporter),
+            }
+        with db.connect(bench.admin_dsn) as admin:
+            for name in group:
+                db.drop_slots(admin, "slot_name", slots[name])
+    off = runs["off"]
+    for run in runs.values():
+        run["events_per_s_of_off"] = _ratio(run.get("events_per_s"), off.get("events_per_s"))
+        run["cpu_of_off"] = _ratio(run.get("cpu_us_per_event"), off.get("cpu_us_per_event"))
+    return {"events": events, "exporter": exporter, "runs": runs}
+
+
+def _drain(
+    bench: Bench, name: str, mode: str, slot: str, events: int, target: int, exporter: str
+) -> dict[str, Any]:
+    a = bench.args
+    topic_prefix = f"bench.{bench.run_id}.trace-{name.rstrip('%')}"
+    topic = f"{topic_prefix}.order"
+    bench.create_topics([NewTopic(topic, a.partitions, replication_factor=1, config=_APPENDED)])
+    env = {"CDC_TRACING": mode, "OTEL_SERVICE_NAME": "cdc-bench", "OTEL_BSP_MAX_QUEUE_SIZE": "65536"}
+    if exporter == "none":
+        env["OTEL_TRACES_EXPORTER"] = "none"
+    bench.progress("tracing", f"{name}: draining {events:,} events (tracing = {mode})")
+    proc = bench.start_pipeline(slot, f"trace-{name.rstrip('%')}", topic_prefix=topic_prefix, extra=env)
+    measured = measure_drain(
+        proc,
+        kafka_admin=bench.kafka_admin,
+        bootstrap=bench.bootstrap,
+        topic=topic,
+        partitions=a.partitions,
+        events=events,
+        walsender_pid=lambda: bench.walsender(slot),
+        alive=lambda: None,
+        start_timeout=120,
+        drain_timeout=max(300.0, events / 1000),
+        delivered=lambda: bench.slot_confirmed(slot, target),
+        kafka_pid=bench.kafka_pid,
+    )
+    bench.forget_pipeline(proc)
+    bench.progress(
+        "tracing",
+        f"{name}: {measured['events_per_s'] or 0:,} events/s, {measured['cpu_us_per_event']} CPU µs/event",
+    )
+    return measured
+
+
+_APPENDED = {"message.timestamp.type": "LogAppendTime"}
+
+
+def _fill(bench: Bench, events: int, rows: int, every: int) -> int:
+    """``events`` traced rows (1 in ``every`` sampled), the last transaction marked: its target LSN."""
+    first = bench.next_row
+    transactions = events // rows
+    with db.connect(bench.bench_dsn) as conn:
+        conn.execute("SET synchronous_commit = off")
+        conn.execute(
+            "CALL bench_fill_traced(%s, %s, %s, %s, %s)",
+            (first, transactions - 1, rows, bench.args.aggregates, every),
+        )
+        target = insert_marked(
+            conn, first=first + (transactions - 1) * rows, rows=rows, aggregates=bench.args.aggregates
+        )
+    bench.next_row = first + events
+    return target
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return None if not value or not base else round(value / base, 3)
+
+
+def lines(result: dict[str, Any]) -> list[str]:
+    """The phase's summary for the report."""
+    if not result:
+        return []
+    out = [
+        f"TRACING        {result['events']:,} events with a traceparent per pass, spans exported to "
+        f"{result['exporter']}:"
+    ]
+    for name, run in result["runs"].items():
+        out.append(
+            f"               {name:>5} ({run['tracing']}): {run.get('events_per_s') or 0:>9,} events/s "
+            f"({run.get('events_per_s_of_off')} of off), {run.get('cpu_us_per_event')} CPU µs/event "
+            f"({run.get('cpu_of_off')} of off)"
+        )
+    return out

@@ -30,7 +30,10 @@ class Health:
         state = self._life.state
         source = self._confirmer.source
         if isinstance(state, Standby):
-            reasons.append("standby: another process streams from the slot (on_slot_active = wait)")
+            reasons.append(
+                "not streaming from PostgreSQL: a standby, another process streams from the slot "
+                "(on_slot_active = wait)"
+            )
         elif isinstance(state, Reconnecting):
             reasons.append(
                 f"not streaming from PostgreSQL: reconnecting (attempt {state.attempt}): {state.cause}"

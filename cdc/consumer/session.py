@@ -7,6 +7,7 @@ SIGTERM/SIGINT stop after the current record, or exit 1 past ``shutdown_timeout`
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from cdc.errors import (
     TopicMissingError,
     first_line,
 )
+from cdc.logs import enable_crash_dumps
 
 log = logging.getLogger("cdc.consumer")
 
@@ -112,6 +114,8 @@ class Session(Batches):
 
     def run(self) -> None:
         """Consume until :meth:`request_stop`; a crash propagates after rolling back (module docstring)."""
+        if not faulthandler.is_enabled():
+            enable_crash_dumps()  # a native crash leaves the Python stack where the service logs
         try:
             self._open()
             while not self._stop.is_set():

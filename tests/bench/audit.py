@@ -29,6 +29,8 @@ from confluent_kafka.admin import AdminClient
 from tests.bench.db import SlotWatch, connect, drop_database, dsn_for, generator_sql, recreate_database
 from tests.bench.load import bulk_fill
 from tests.bench.procs import vmhwm_mb
+from tests.children import crash_dumps, die_with_parent
+from tests.kafka_admin import delete_topics_with_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS_PER_TXN = 10_000
@@ -51,7 +53,14 @@ def cdc(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.Com
 def publish_all(env: dict[str, str], dsn: str, slot: str, target_lsn: int, events: int) -> None:
     """`cdc run` until the slot confirmed ``target_lsn`` and saved a position at the last commit."""
     log = open(Path("/tmp") / f"bench-audit-{slot}.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "cdc", "run"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdc", "run"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+        preexec_fn=die_with_parent(),
+    )
     watch = SlotWatch(dsn)
     try:
         watch.wait_confirmed(slot, target_lsn, timeout=120 + events / 20_000)
@@ -83,6 +92,7 @@ def audit_peak(env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=die_with_parent(),
     )
     peak = 0.0
     while proc.poll() is None:
@@ -131,19 +141,14 @@ def one_size(admin_dsn: str, bootstrap: str, events: int) -> str:
         cdc(env, "teardown", "--yes")
         with connect(admin_dsn) as admin:
             drop_database(admin, database)
-        admin_client = AdminClient({"bootstrap.servers": bootstrap})
-        topics = [
-            t for t in admin_client.list_topics(timeout=10).topics if t.startswith(f"bench.audit.{run}.")
-        ]
-        if topics:
-            for future in admin_client.delete_topics(topics).values():
-                future.result(timeout=60)
+        delete_topics_with_prefix(AdminClient({"bootstrap.servers": bootstrap}), f"bench.audit.{run}.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--events", type=int, action="append", help="repeatable (default 10000 and 1000000)")
     args = parser.parse_args(argv)
+    crash_dumps()
     admin_dsn, bootstrap = os.environ["CDC_DATABASE_URL"], os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"]
     for events in args.events or [10_000, 1_000_000]:
         print(one_size(admin_dsn, bootstrap, events), flush=True)

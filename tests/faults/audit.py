@@ -18,6 +18,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from tests.children import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,6 +50,7 @@ def run_audit(
         capture_output=True,
         text=True,
         timeout=600,
+        preexec_fn=die_with_parent(),
     )
     try:
         body = json.loads(done.stdout)

@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 from cdc.config import Settings
 from cdc.config_loader import load_settings
 from cdc.errors import parse_lsn
+from tests.children import die_with_parent
 from tests.plugins.kafka import (
     Record,
     client_config,
@@ -518,6 +519,7 @@ class ModuleProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # a test run killed mid-test leaves no `cdc run` behind
         )
         self.started_at = time.monotonic()
 
@@ -733,6 +735,7 @@ class PrivateKafka:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         finally:
             log_file.close()

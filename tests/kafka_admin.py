@@ -9,6 +9,7 @@ client's list_consumer_group_offsets, which crashes librdkafka (cdc.stream.admin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -86,9 +87,22 @@ def delete_topics_with_prefix(admin: AdminClient, prefix: str) -> None:
     delete_topics(admin, [t for t in topic_names(admin) if t.startswith(prefix)])
 
 
-def delete_groups(admin: AdminClient, groups: Iterable[str]) -> None:
-    """Delete those of ``groups`` that exist (and are empty)."""
+def delete_groups(admin: AdminClient, groups: Iterable[str], *, members_leave: float = 0) -> None:
+    """Delete those of ``groups`` that exist. One that still has members (a consumer killed a moment ago
+    stays a member until its session times out) is asked for again for up to ``members_leave`` s."""
     wanted = set(groups)
+    deadline = time.monotonic() + members_leave
+    while True:
+        try:
+            _delete_groups(admin, wanted)
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.NON_EMPTY_GROUP or time.monotonic() > deadline:
+                raise
+        time.sleep(1)
+
+
+def _delete_groups(admin: AdminClient, wanted: set[str]) -> None:
 
     def attempt(left: float) -> None:
         wait = min(left, REQUEST_TIMEOUT)

@@ -47,6 +47,7 @@ from cdc.errors import (
     parse_lsn,
 )
 from cdc.stream.access import CHECKPOINT_GROUP_PREFIX, authorization_refusal
+from cdc.stream.admin import ask, raise_if_settling
 from cdc.stream.identity import ServerIdentity, SkipBound, SlotIdentity, skip_bound
 from cdc.stream.sink import admin_config
 
@@ -133,7 +134,13 @@ def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoin
     found: Checkpoint | None = None
     try:
         topic = settings.checkpoint_topic
-        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+
+        def describe(left: float) -> Any:  # a broker that is starting: "no leader yet" is not "no topic"
+            found = consumer.list_topics(topic, timeout=left).topics.get(topic)
+            raise_if_settling(None if found is None else found.error)
+            return found
+
+        metadata = ask(describe, what=f"metadata of {topic}", bound=timeout)
         if metadata is None or metadata.error is not None or not metadata.partitions:
             return None
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])

@@ -88,6 +88,7 @@ def cdc(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.Comp
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=die_with_parent(),
     )
 
 
@@ -722,6 +723,12 @@ class PrivateKafka:
         return _tail(self.log_path, lines)
 
     def start(self, timeout: float = 90.0) -> None:
+        """Start the broker and wait until it serves (a client's metadata request answered)."""
+        mark = self.launch()
+        self.wait_started(mark, timeout)
+
+    def launch(self) -> str:
+        """Start the broker and return at once: what a client meets next is a broker that is starting."""
         assert self.proc is None or self.proc.poll() is not None, "the private broker is already running"
         self.starts += 1
         mark = f"=== start {self.starts} ===\n"
@@ -739,6 +746,10 @@ class PrivateKafka:
             )
         finally:
             log_file.close()
+        return mark
+
+    def wait_started(self, mark: str, timeout: float = 90.0) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

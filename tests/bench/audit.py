@@ -44,6 +44,7 @@ def cdc(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.Com
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=die_with_parent(),
     )
     if done.returncode not in (0, 1):
         raise RuntimeError(f"cdc {args[0]} exited {done.returncode}: {done.stderr.strip()[-2000:]}")

@@ -197,6 +197,7 @@ class Broker:
                         capture_output=True,
                         stdin=subprocess.DEVNULL,
                         timeout=120,
+                        preexec_fn=die_with_parent(),
                     )
                     if done.returncode == 0:
                         (out / f"dump-{name}.txt").write_bytes(done.stdout)

@@ -674,6 +674,7 @@ def format_broker(
             stdin=subprocess.DEVNULL,
             check=True,
             timeout=120,
+            preexec_fn=die_with_parent(),
         )
     return properties
 

@@ -108,7 +108,10 @@ def one_start(bootstrap: str, n: int, log_dir: Path, errors: dict[str, int], adm
             raise RuntimeError(f"the latency consumer did not start: {latency.errors}")
         children.append(
             subprocess.Popen(
-                [sys.executable, "-c", CONSUMER, bootstrap, group, topic], stdout=log, stderr=log
+                [sys.executable, "-c", CONSUMER, bootstrap, group, topic],
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent(),
             )
         )
         offsets = Watermarks(admin, topic, PARTITIONS)

@@ -31,7 +31,7 @@ from cdc.stream.access import (
     missing_rights,
     refusal_for_right,
 )
-from cdc.stream.admin import ask, raise_if_settling
+from cdc.stream.admin import ask
 from cdc.stream.refusals import worst_case_size
 
 log = logging.getLogger("cdc.sink")
@@ -117,16 +117,10 @@ class Topics:
         self._known_topics.add(topic)
 
     def _metadata(self, topic: str) -> Any:
-        """The topic's metadata, or None when Kafka does not know it; asked again while its partitions have
-        no leader yet (a topic just created, a broker just started), up to startup_timeout."""
-
-        def read(left: float) -> Any:
-            found = self._admin.list_topics(topic=topic, timeout=min(left, ADMIN_TIMEOUT)).topics.get(topic)
-            raise_if_settling(None if found is None else found.error)
-            return found
-
+        """The topic's metadata, or None when Kafka does not know it. A topic whose partitions have no leader
+        yet (just created, a broker starting) is taken as missing: creating it finds it exists."""
         try:
-            return ask(read, what=f"metadata of {topic}", bound=self._settings.startup_timeout)
+            return self._admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT).topics.get(topic)
         except KafkaException as exc:
             raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {kafka_reason(exc)}") from exc
 

@@ -42,6 +42,9 @@ SETTLING: Final = frozenset(
         KafkaError.NOT_COORDINATOR,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.UNKNOWN_LEADER_EPOCH,  # a leader just elected: the client's metadata is behind it
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,  # ListOffsets before a new leader's high watermark caught up
         KafkaError.REPLICA_NOT_AVAILABLE,
         KafkaError.BROKER_NOT_AVAILABLE,
         KafkaError.NOT_CONTROLLER,

@@ -46,6 +46,8 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
     ],
 )
 def test_a_broker_still_starting_is_asked_again(code: int, caplog: pytest.LogCaptureFixture) -> None:

@@ -1,5 +1,6 @@
-"""Logging set-up: one line per lifecycle event, as text or JSON (``--log-format json``), and librdkafka's
-own lines (logger ``cdc.kafka``) throttled.
+"""Logging set-up: one line per lifecycle event, as text or JSON (``--log-format json``), librdkafka's
+own lines (logger ``cdc.kafka``) throttled, and the Python stack of a native crash
+(:func:`enable_crash_dumps`).
 
 Nothing here redacts: the rule is that payloads, passwords and DSNs are never handed to a logger in the first
 place (``config.describe_dsn`` gives the loggable form of a DSN).
@@ -12,11 +13,13 @@ no value can end a log line, forge the next one, or drive the terminal of whoeve
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import re
 import sys
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 import orjson
 
@@ -84,10 +87,46 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    enable_crash_dumps()
     # The registry client's HTTP library logs every request at INFO: one line per schema lookup is noise,
     # and a URL is not ours to print unredacted.
     for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def log_stream() -> TextIO | None:
+    """Where the log lines go: the stream of the root logger's first stream handler that has a file
+    descriptor (what configure_logging set, or the service's own logging), else stderr."""
+    for handler in logging.getLogger().handlers:
+        stream: TextIO | None = getattr(handler, "stream", None)
+        try:
+            if stream is not None and stream.fileno() >= 0:
+                return stream
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor (captured, closed)
+            continue
+    for fallback in (sys.stderr, sys.__stderr__):
+        try:
+            if fallback is not None and fallback.fileno() >= 0:
+                return fallback
+        except (AttributeError, OSError, ValueError):
+            continue
+    return None
+
+
+def enable_crash_dumps() -> bool:
+    """A native crash (a segmentation fault, an abort, a bus error) writes the Python stack of every thread
+    to the log's stream before the process dies: which call crashed, in the same place as the log lines
+    before it (``faulthandler``, plain text lines even under ``--log-format json``). False when there is no
+    stream with a file descriptor to write to.
+
+    Not caught this way: a fault inside one of librdkafka's own threads (``rdk:main``, ``rdk:broker*``),
+    which block every signal, so that the kernel kills the process without running any handler; its log
+    names the thread (docs/operations.md, "A crash")."""
+    stream = log_stream()
+    if stream is None:
+        return False
+    faulthandler.enable(file=stream, all_threads=True)
+    return True
 
 
 kafka_log = logging.getLogger("cdc.kafka")

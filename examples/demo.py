@@ -27,6 +27,7 @@ from cdc.avro.store import SchemaStore
 from cdc.config_loader import load_settings
 from cdc.ops.setup import apply
 from cdc.ops.status import teardown
+from cdc.stream.admin import ask
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = uuid.uuid4().hex[:6]
@@ -179,10 +180,16 @@ def main() -> int:
         print(f"  cdc run exited with {code}")
         teardown(settings)  # `cdc teardown`: the slot, its saved position and the publication
         admin = AdminClient({"bootstrap.servers": os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"]})
-        topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"demo.{RUN}.")]
-        if topics:
-            for future in admin.delete_topics(topics).values():
-                future.result(timeout=30)
+
+        def delete(left: float) -> list[str]:  # asked again while a broker just started settles
+            names = [
+                t for t in admin.list_topics(timeout=min(left, 10)).topics if t.startswith(f"demo.{RUN}.")
+            ]
+            for future in admin.delete_topics(names).values() if names else ():
+                future.result(timeout=left)
+            return names
+
+        topics = ask(delete, what="delete the demo's topics", bound=60)
         print(f"  dropped the demo slot and publication, and its {len(topics)} topics")
     return code
 

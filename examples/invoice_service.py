@@ -56,6 +56,7 @@ from cdc.consumer import (
 from cdc.consumer.processed import apply_setup, parse_table
 from cdc.errors import CdcError
 from cdc.logs import configure_logging
+from cdc.stream.admin import ask
 
 log = logging.getLogger("invoice_service")
 SCHEMAS = Path(__file__).resolve().parent.parent / "schemas"
@@ -135,16 +136,23 @@ def security_config() -> dict[str, str]:
     return config
 
 
-def ensure_dlq_topic(bootstrap: str, topic: str) -> None:
+def ensure_dlq_topic(bootstrap: str, topic: str, wait: float = 30.0) -> None:
+    """The service's dead-letter topic, created if missing. A broker that is starting answers "not yet" for a
+    moment (a stack and its services started together): asked again for up to ``wait`` seconds."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **security_config()})
-    if topic not in admin.list_topics(timeout=10).topics:
+
+    def create(left: float) -> None:
+        if topic in admin.list_topics(timeout=min(left, 10)).topics:
+            return
         future = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic]
         try:
-            future.result(timeout=30)
+            future.result(timeout=left)
         except KafkaException as exc:
             # Replicas of the service start together: one of them creates it.
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+
+    ask(create, what=f"the dead-letter topic {topic}", bound=wait)
 
 
 def main(

@@ -1,4 +1,9 @@
-"""Service fixtures live in plugin modules; this file only registers them."""
+"""Service fixtures live in plugin modules; this file only registers them, and makes a native crash of any
+Python process the tests start leave its Python stack (pytest's own faulthandler covers this process)."""
+
+import os
+
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 pytest_plugins = [
     "tests.plugins.services",

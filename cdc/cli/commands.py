@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from cdc.cli.options import build_settings, handles_errors, settings_options
-from cdc.logs import configure_logging
+from cdc.logs import configure_logging, enable_crash_dumps
 from cdc.notify import Notifier
 from cdc.pg import database_dsn
 
@@ -27,6 +27,9 @@ log = logging.getLogger("cdc")
 @click.version_option(package_name="outbox-cdc")
 def main() -> None:
     """outbox CDC: stream a PostgreSQL outbox table from the WAL to Kafka as schema-versioned Avro."""
+    # Every command: a native crash (librdkafka, libpq, the compiled hot path) leaves the Python stack of each
+    # thread on stderr, where the log lines go (cdc.logs.enable_crash_dumps).
+    enable_crash_dumps()
 
 
 @main.command()

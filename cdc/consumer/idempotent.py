@@ -65,6 +65,7 @@ dead-letter producer). This class owns the settings, the stop, and the counts th
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -85,6 +86,7 @@ from cdc.consumer.records import BatchHandler, Handler, Records
 from cdc.consumer.session import Session, consumer_config
 from cdc.consumer.spans import handler_spans
 from cdc.errors import ConfigError, ConsumerError, first_line
+from cdc.logs import enable_crash_dumps
 
 log = logging.getLogger("cdc.consumer")
 
@@ -199,6 +201,8 @@ class IdempotentConsumer:
         Opens the service's database, the dead-letter producer and the Kafka consumer, in this order, puts
         the parts together around them (:meth:`_assemble`), and closes them in reverse order: leaving the
         group commits what is pending first."""
+        if not faulthandler.is_enabled():
+            enable_crash_dumps()  # a native crash leaves the Python stack where the service logs
         session = Session(self._conf, self.topics, name=self.name, poll_timeout=self.poll_timeout)
         letters = DeadLetters(self._producer_conf, self.dlq_topic, consumer=self.name, counts=self.counts)
         conn: psycopg.Connection[Any] | None = None

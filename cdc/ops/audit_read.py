@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final
 
 import psycopg
@@ -30,6 +31,7 @@ from cdc.config import Settings
 from cdc.errors import AccessDeniedError, AuditError, AuditRefusedError, first_line
 from cdc.logs import kafka_log
 from cdc.ops.dlq import DISCARDED_BY, REPLAYED_TO, RESOLVED
+from cdc.stream.admin import ask, raise_if_settling
 from cdc.stream.kafka_config import admin_config
 
 log = logging.getLogger("cdc.audit")
@@ -71,6 +73,8 @@ class TopicReader:
 
     def __init__(self, settings: Settings, *, read_timeout: float) -> None:
         self.read_timeout = read_timeout
+        # A broker that has just started answers "no leader yet" for a moment: asked again for this long.
+        self.settle_timeout = settings.startup_timeout
         config = consumer_config(settings)
         self.group = str(config["group.id"])
         try:
@@ -93,7 +97,9 @@ class TopicReader:
         out: dict[TopicPartition, tuple[int, int]] = {}
         for topic in topics:
             try:
-                found = self._consumer.list_topics(topic, timeout=KAFKA_TIMEOUT).topics.get(topic)
+                found = ask(
+                    partial(self._topic, topic), what=f"metadata of {topic}", bound=self.settle_timeout
+                )
             except KafkaException as exc:
                 raise AuditError(f"cannot read the metadata of {topic}: {first_line(exc)}") from exc
             error = None if found is None else found.error
@@ -109,18 +115,33 @@ class TopicReader:
                 out[tp] = self._range(tp, start_ms)
         return out
 
+    def _topic(self, topic: str, left: float) -> Any:
+        found = self._consumer.list_topics(topic, timeout=min(left, KAFKA_TIMEOUT)).topics.get(topic)
+        raise_if_settling(None if found is None else found.error)
+        return found
+
+    def _offsets(self, tp: TopicPartition, start_ms: int, left: float) -> tuple[int, int, int]:
+        wait = min(left, KAFKA_TIMEOUT)
+        low, high = self._consumer.get_watermark_offsets(tp, timeout=wait)
+        start = TopicPartition(tp.topic, tp.partition, start_ms)
+        (found,) = self._consumer.offsets_for_times([start], timeout=wait)
+        if found.error is not None:
+            raise KafkaException(found.error)
+        return low, high, found.offset
+
     def _range(self, tp: TopicPartition, start_ms: int) -> tuple[int, int]:
         try:
-            low, high = self._consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT)
-            (found,) = self._consumer.offsets_for_times(
-                [TopicPartition(tp.topic, tp.partition, start_ms)], timeout=KAFKA_TIMEOUT
+            low, high, offset = ask(
+                lambda left: self._offsets(tp, start_ms, left),
+                what=f"offsets of {tp.topic} [{tp.partition}]",
+                bound=self.settle_timeout,
             )
         except KafkaException as exc:
             raise AuditError(
                 f"cannot read the offsets of {tp.topic} [{tp.partition}]: {first_line(exc)}"
             ) from exc
         # -1: no record at or after start_ms.
-        first = high if found.offset < 0 else found.offset
+        first = high if offset < 0 else offset
         if low > 0 and first <= low < high:
             oldest = self._timestamp_at(tp, low)
             if oldest is not None and oldest > start_ms:

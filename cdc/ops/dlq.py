@@ -30,16 +30,18 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final
 
 import orjson
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cdc.config import Settings
 from cdc.errors import AccessDeniedError, CdcError, DeadLetterError
 from cdc.logs import kafka_log
 from cdc.stream.access import authorization_refusal, refusal_for_right
+from cdc.stream.admin import ask, raise_if_settling
 from cdc.stream.kafka_config import admin_config
 
 __all__ = ["DeadLetter", "DeadLetterTopic", "Scan"]
@@ -242,8 +244,7 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
         conf |= {"auto.offset.reset": "earliest", "logger": kafka_log, "log_level": 2}
         try:
             self._consumer = Consumer(conf)
-            # The committed offsets are read through the admin API: a consumer's committed() waits out its
-            # timeout when the group is denied, where the admin request says so at once.
+            # The group is described through the admin API before its offsets are read (see _committed).
             admin = admin_config(settings)
             admin |= {"logger": kafka_log, "log_level": 2}
             self._admin = AdminClient(admin)
@@ -277,9 +278,9 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
 
     def scan(self, *, from_start: bool = False) -> Scan:
         """The topic from the bookmark (or, ``from_start``, from its first record) to its current end."""
-        consumer, topic, wait = self._consumer, self.topic, self.timeout
+        topic, wait = self.topic, self.timeout
         try:
-            found = consumer.list_topics(topic, timeout=wait).topics.get(topic)
+            found = ask(self._metadata, what=f"metadata of {topic}", bound=wait)
             if found is not None and found.error is not None and (denied := self._denied(found.error)):
                 raise denied
             if found is None or found.error is not None or not found.partitions:
@@ -289,7 +290,11 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
                 )
             ranges: dict[int, tuple[int, int]] = {}
             for tp in self._committed([TopicPartition(topic, p) for p in sorted(found.partitions)]):
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), wait)
+                low, high = ask(
+                    partial(self._watermarks, tp.partition),
+                    what=f"offsets of {topic} [{tp.partition}]",
+                    bound=wait,
+                )
                 # No bookmark yet, or one from a deleted and re-created topic: from the beginning.
                 bookmark = low <= tp.offset <= high and not from_start
                 ranges[tp.partition] = (tp.offset if bookmark else low, high)
@@ -297,11 +302,34 @@ class DeadLetterTopic(AbstractContextManager["DeadLetterTopic"]):
             raise self._fail(exc, waited=wait) from exc
         return Scan.of(topic, ranges, self._read(ranges))
 
+    def _watermarks(self, partition: int, left: float) -> tuple[int, int]:
+        low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self.topic, partition), min(left, self.timeout)
+        )
+        return low, high
+
+    def _metadata(self, left: float) -> Any:
+        found = self._consumer.list_topics(self.topic, timeout=min(left, self.timeout)).topics.get(self.topic)
+        raise_if_settling(None if found is None else found.error)
+        return found
+
     def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """The group's committed offset of each partition (OFFSET_INVALID where it has none)."""
-        request = ConsumerGroupTopicPartitions(self.group, partitions)
-        future = self._admin.list_consumer_group_offsets([request], request_timeout=self.timeout)[self.group]
-        found: list[TopicPartition] = future.result(self.timeout).topic_partitions
+        """The group's committed offset of each partition (OFFSET_INVALID where it has none), as the tool's
+        consumer, a member of the group that never joins it, reads them. The group is described through the
+        admin API first: a denied group is named at once there, where committed() would retry the coordinator
+        lookup Kafka refuses until its timeout. Not the admin API's list_consumer_group_offsets, which
+        crashes librdkafka when the group's coordinator is starting or moving (cdc.stream.admin)."""
+
+        def describe(left: float) -> None:
+            wait = min(left, self.timeout)
+            self._admin.describe_consumer_groups([self.group], request_timeout=wait)[self.group].result(left)
+
+        ask(describe, what=f"describe group {self.group}", bound=self.timeout)
+        found: list[TopicPartition] = ask(
+            lambda left: self._consumer.committed(partitions, timeout=min(left, self.timeout)),
+            what=f"committed offsets of group {self.group}",
+            bound=self.timeout,
+        )
         for tp in found:
             if tp.error is not None:
                 raise KafkaException(tp.error)

@@ -28,6 +28,7 @@ from cdc.errors import (
 )
 from cdc.pg import connect, database_dsn
 from cdc.stream import failover
+from cdc.stream.admin import ask
 from cdc.stream.checkpoint_topic import forget_checkpoint, read_checkpoint
 from cdc.stream.heartbeat import heartbeat_table
 from cdc.stream.preflight import slot_identity
@@ -35,6 +36,7 @@ from cdc.stream.progress import checkpoint_table, read_position
 from cdc.stream.source import quote_ident
 
 log = logging.getLogger("cdc.status")
+CHECKPOINT_TIMEOUT = 10.0  # seconds one read of the checkpoint topic may take
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,13 @@ def slot_status(settings: Settings) -> SlotStatus:
     if settings.delivery != "exactly-once":
         return status
     try:
-        checkpoint = read_checkpoint(settings, slot_identity(settings).key, timeout=10)
+        key = slot_identity(settings).key
+        # A broker that has just started may answer "not yet" for a moment: asked again up to startup_timeout.
+        checkpoint = ask(
+            lambda left: read_checkpoint(settings, key, timeout=min(left, CHECKPOINT_TIMEOUT)),
+            what=f"the checkpoint topic {settings.checkpoint_topic}",
+            bound=settings.startup_timeout,
+        )
     except (SinkError, KafkaException, SourceConnectionError) as exc:
         return replace(status, delivery=settings.delivery, checkpoint_problem=str(exc))
     if checkpoint is None:

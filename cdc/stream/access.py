@@ -38,6 +38,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from cdc.config import Settings
 from cdc.errors import AccessDeniedError, ConfigError
+from cdc.stream.admin import settling
 
 log = logging.getLogger("cdc.sink")
 
@@ -360,7 +361,9 @@ def missing_rights(
                 return refusal_for_right(
                     settings, next(iter(needs[topic])), "Topic", topic, "needed by cdc run"
                 )
-            continue  # unknown topic (created later), or a transient error the stream meets again
+            if settling(err):
+                raise  # a broker that is starting: the caller asks again (cdc.stream.admin.ask)
+            continue  # unknown topic (created later), or an error the stream meets again
         if description.authorized_operations is None:
             continue  # a broker that does not say (before KIP-430): the requests will tell
         allowed = set(description.authorized_operations)

@@ -26,6 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from cdc.config import Settings
 from cdc.errors import SinkError
 from cdc.stream.access import CHECKPOINT_GROUP_PREFIX, authorization_refusal
+from cdc.stream.admin import ask, raise_if_settling
 from cdc.stream.kafka_config import admin_config
 from cdc.stream.transactions import Checkpoint
 
@@ -85,7 +86,13 @@ def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoin
     deadline = time.monotonic() + timeout
     found = _Found()
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+
+        def describe(left: float) -> Any:  # a broker that is starting: "no leader yet" is not "no topic"
+            found = consumer.list_topics(topic, timeout=left).topics.get(topic)
+            raise_if_settling(None if found is None else found.error)
+            return found
+
+        metadata = ask(describe, what=f"metadata of {topic}", bound=timeout)
         if metadata is None or metadata.error is not None or not metadata.partitions:
             return None
         # Per partition: (lowest offset, where the window ends) still to read below what was read.

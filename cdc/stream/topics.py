@@ -9,7 +9,6 @@ A part of :class:`cdc.stream.sink.KafkaSink`, which holds the admin client and t
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,12 +31,13 @@ from cdc.stream.access import (
     missing_rights,
     refusal_for_right,
 )
+from cdc.stream.admin import ask
 from cdc.stream.refusals import worst_case_size
 
 log = logging.getLogger("cdc.sink")
 
-# Seconds a topic just created may stay unknown to DescribeConfigs while its metadata propagates.
-TOPIC_PROPAGATION = 10.0
+# Seconds one metadata or DescribeConfigs request may take (within startup_timeout, cdc.stream.admin).
+ADMIN_TIMEOUT = 10.0
 
 
 class Topics:
@@ -92,7 +92,11 @@ class Topics:
         """Refuse to start without a right the pipeline will need on a topic that exists (``needs``: topic ->
         kafka-acls operation names), rather than fail on the first event that needs it."""
         try:
-            denied = missing_rights(self._admin, self._settings, needs, timeout)
+            denied = ask(
+                lambda left: missing_rights(self._admin, self._settings, needs, min(left, timeout)),
+                what="the pipeline's rights on its topics",
+                bound=timeout,
+            )
         except (KafkaException, TimeoutError) as exc:
             # Kafka that does not answer the question is met again, and named, by the stream's own waits.
             log.debug("cannot ask Kafka for the pipeline's rights: %s", exc)
@@ -125,9 +129,10 @@ class Topics:
         self._known_topics.add(topic)
 
     def _metadata(self, topic: str) -> Any:
-        """The topic's metadata, or None when Kafka does not know it."""
+        """The topic's metadata, or None when Kafka does not know it. A topic whose partitions have no leader
+        yet (just created, a broker starting) is taken as missing: creating it finds it exists."""
         try:
-            return self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+            return self._admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT).topics.get(topic)
         except KafkaException as exc:
             raise SinkError(f"cannot read Kafka metadata for topic '{topic}': {kafka_reason(exc)}") from exc
 
@@ -162,20 +167,16 @@ class Topics:
 
     def _describe_topic(self, topic: str) -> Any:
         """The topic's configuration. A topic created a moment ago may be unknown to the broker that answers
-        until its metadata has propagated: asked again for up to TOPIC_PROPAGATION seconds."""
+        until its metadata has propagated, and a broker just started may have no leader for it yet: asked
+        again for up to startup_timeout (cdc.stream.admin)."""
         resource = ConfigResource(ResourceType.TOPIC, topic)
-        deadline = time.monotonic() + TOPIC_PROPAGATION
-        while True:
-            try:
-                return self._admin.describe_configs([resource], request_timeout=10)[resource].result(
-                    timeout=15
-                )
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                unknown = isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                if not unknown or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.2)
+
+        def describe(left: float) -> Any:
+            request = self._admin.describe_configs([resource], request_timeout=min(left, ADMIN_TIMEOUT))
+            return request[resource].result(timeout=left + 5)
+
+        bound = self._settings.startup_timeout
+        return ask(describe, what=f"configuration of {topic}", bound=bound, topic_expected=True)
 
     def _create_topic(self, topic: str, partitions: int = 0, config: dict[str, str] | None = None) -> None:
         s = self._settings
@@ -186,7 +187,13 @@ class Topics:
             config=config or {},
         )
         try:
-            self._admin.create_topics([new], operation_timeout=30)[topic].result(timeout=60)
+            ask(
+                lambda left: self._admin.create_topics([new], operation_timeout=min(left, 30))[topic].result(
+                    timeout=left + 30
+                ),
+                what=f"create topic {topic}",
+                bound=s.startup_timeout,
+            )
         except KafkaException as exc:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:

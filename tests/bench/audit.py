@@ -44,6 +44,8 @@ from confluent_kafka.admin import AdminClient
 from tests.bench.db import SlotWatch, connect, drop_database, dsn_for, generator_sql, recreate_database
 from tests.bench.load import bulk_fill
 from tests.bench.procs import vmhwm_mb
+from tests.children import crash_dumps, die_with_parent
+from tests.kafka_admin import delete_topics_with_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS_PER_TXN = 10_000
@@ -57,6 +59,7 @@ def cdc(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.Com
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=die_with_parent(),
     )
     if done.returncode not in (0, 1):
         raise RuntimeError(f"cdc {args[0]} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
@@ -66,7 +69,14 @@ def cdc(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.Com
 def publish_all(env: dict[str, str], dsn: str, slot: str, target_lsn: int, events: int) -> None:
     """`cdc run` until the slot confirmed ``target_lsn`` and saved a position at the last commit."""
     log = open(Path("/tmp") / f"bench-audit-{slot}.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "cdc", "run"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdc", "run"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+        preexec_fn=die_with_parent(),
+    )
     watch = SlotWatch(dsn)
     try:
         watch.wait_confirmed(slot, target_lsn, timeout=120 + events / 20_000)
@@ -103,6 +113,7 @@ def audit_peak(env: dict[str, str], cwd: Path = ROOT) -> tuple[float, float, flo
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=die_with_parent(),
         )
         peak = 0.0
         while proc.poll() is None:
@@ -187,13 +198,7 @@ def one_size(admin_dsn: str, bootstrap: str, events: int, lost: int = 0, audit_f
         cdc(env, "teardown", "--yes")
         with connect(admin_dsn) as admin:
             drop_database(admin, database)
-        admin_client = AdminClient({"bootstrap.servers": bootstrap})
-        topics = [
-            t for t in admin_client.list_topics(timeout=10).topics if t.startswith(f"bench.audit.{run}.")
-        ]
-        if topics:
-            for future in admin_client.delete_topics(topics).values():
-                future.result(timeout=60)
+        delete_topics_with_prefix(AdminClient({"bootstrap.servers": bootstrap}), f"bench.audit.{run}.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--audit-from", type=Path, default=ROOT, help="run `cdc audit` from this checkout")
     args = parser.parse_args(argv)
+    crash_dumps()
     admin_dsn, bootstrap = os.environ["CDC_DATABASE_URL"], os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"]
     failed = False
     for events in args.events or ([] if args.missing else [10_000, 1_000_000]):

@@ -40,6 +40,8 @@ from cdc.config import TableRef
 from cdc.consumer import Event, EventDeserializer, IdempotentConsumer
 from cdc.consumer.processed import apply_setup
 from tests.bench.run import ROOT
+from tests.children import crash_dumps
+from tests.kafka_admin import create_topics, delete_topics
 from tests.plugins.pipeline import order_placed
 
 SCHEMAS = ROOT / "schemas"
@@ -63,10 +65,10 @@ def scratch(bootstrap: str, dsn: str, name: str, *, partitions: int) -> Iterator
     topic, schema = f"bench.{name}.{run}", f"bench_{name.replace('-', '_')}_{run}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     dlq = f"bench-{topic}.dlq"
-    for future in admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1), NewTopic(dlq, num_partitions=1)]
-    ).values():
-        future.result(30)
+    create_topics(
+        admin,
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1), NewTopic(dlq, num_partitions=1)],
+    )
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         conn.execute(
@@ -78,8 +80,7 @@ def scratch(bootstrap: str, dsn: str, name: str, *, partitions: int) -> Iterator
     try:
         yield topic, schema
     finally:
-        for future in admin.delete_topics([topic, dlq]).values():
-            future.result(30)
+        delete_topics(admin, [topic, dlq])
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
@@ -211,6 +212,7 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=50_000)
     args = parser.parse_args()
+    crash_dumps()
     bootstrap, dsn = os.environ["CDC_KAFKA_BOOTSTRAP_SERVERS"], os.environ["CDC_DATABASE_URL"]
     with scratch(bootstrap, dsn, "consumer", partitions=3) as (topic, schema):
         produce(bootstrap, topic, args.events)

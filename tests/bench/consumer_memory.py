@@ -32,6 +32,8 @@ from psycopg import sql
 from cdc.config import TableRef
 from cdc.consumer import Event, EventDeserializer, IdempotentConsumer
 from tests.bench.consumer import SCHEMAS, invoice_insert, produce, scratch
+from tests.children import crash_dumps, die_with_parent
+from tests.kafka_admin import delete_groups
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -111,6 +113,7 @@ def main() -> None:
         "--child", nargs=4, metavar=("TOPIC", "SCHEMA", "GROUP", "SETTING"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
+    crash_dumps()
     if args.child:
         topic, schema, group, setting = args.child
         child(topic, schema, group, args.seconds, args.events, SETTINGS[setting])
@@ -123,10 +126,8 @@ def main() -> None:
         try:
             measure(bootstrap, dsn, topic, schema, args, groups)
         finally:
-            if groups:
-                admin = AdminClient({"bootstrap.servers": bootstrap})
-                for future in admin.delete_consumer_groups(groups).values():
-                    future.exception(30)  # a group that never committed may be gone already
+            if groups:  # a group that never committed may be gone already: deleted if it is there
+                delete_groups(AdminClient({"bootstrap.servers": bootstrap}), groups)
 
 
 def measure(
@@ -151,6 +152,7 @@ def measure(
                 text=True,
                 timeout=args.seconds + 120,
                 check=True,
+                preexec_fn=die_with_parent(),
             )  # fmt: skip
             figures = json.loads(done.stdout.strip().splitlines()[-1])
             peak, steady, rate = figures["peak_mb"], figures["steady_mb"], figures["events_per_s"]

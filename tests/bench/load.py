@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from tests.bench.db import connect
+from tests.children import die_with_parent_now
 
 _INSERT_LSN = "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint"
 
@@ -70,10 +71,14 @@ def paced_load(
     aggregates: int,
     connections: int,
     results: Any,
+    parent: int | None = None,
 ) -> None:
     """Commit a transaction of ``rows_per_txn`` rows every ``rows_per_txn / rate`` s on a monotonic schedule
     (open loop: a late transaction is sent at once, never skipped), over up to ``connections`` concurrent
-    connections, as many application sessions would; put a dict of figures on ``results``."""
+    connections, as many application sessions would; put a dict of figures on ``results``. Dies with
+    ``parent`` (the pid of the process that started this one) when given."""
+    if parent is not None:
+        die_with_parent_now(parent)
     try:
         interval = rows_per_txn / rate
         transactions = max(1, round(seconds * rate / rows_per_txn))

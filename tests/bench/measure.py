@@ -19,19 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from cdc.stream.admin import ask
 from tests.bench.procs import MachineCpu, cpu_seconds, vmhwm_mb
 from tests.bench.table import figures
+from tests.children import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
-_SETTLING = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-}
 
 
 def total_cpu(pids: Sequence[int]) -> float | None:
@@ -54,19 +51,14 @@ class Watermarks:
         self._request = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
 
     def read(self, retry_for: float = 30) -> dict[int, int]:
-        """Retries what a new topic answers while its partitions get their leader (not leader, unknown
-        partition), for ``retry_for`` s."""
-        deadline = time.monotonic() + retry_for
-        while True:
-            try:
-                futures = self._admin.list_offsets(self._request, request_timeout=10)
-                return {tp.partition: future.result(timeout=15).offset for tp, future in futures.items()}
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                retriable = isinstance(error, KafkaError) and (error.retriable() or error.code() in _SETTLING)
-                if not retriable or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        """Asks again while a new topic's partitions get their leader (not leader, unknown partition), or a
+        broker just started settles, for up to ``retry_for`` s (cdc.stream.admin)."""
+
+        def offsets(left: float) -> dict[int, int]:
+            futures = self._admin.list_offsets(self._request, request_timeout=min(left, 10))
+            return {tp.partition: future.result(timeout=15).offset for tp, future in futures.items()}
+
+        return ask(offsets, what=f"end offsets of {self.topic}", bound=retry_for, topic_expected=True)
 
 
 @dataclass
@@ -406,7 +398,15 @@ def bare_drain(dsn: str, *, slot: str, publication: str, events: int, timeout: f
     env = {**os.environ, "CDC_DATABASE_URL": dsn}
     command = [sys.executable, "-m", "tests.bench.bare_reader", "--slot", slot, "--publication", publication]
     command += ["--count", str(events), "--timeout", str(timeout)]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 60)
+    done = subprocess.run(
+        command,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+        preexec_fn=die_with_parent(),
+    )
     if done.returncode != 0:
         raise DrainFailed(
             f"the bare reader exited with code {done.returncode}: {done.stderr.strip()[-2000:]}"

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.children import die_with_parent
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -184,7 +186,14 @@ class PipelineProcess:
         command += ["-m", "cdc", "run"]
         self._log = open(log_path, "ab")  # closed in stop()
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),
+        )
         self.pid = self.proc.pid
         if pyspy_out is not None:
             pyspy = Path(sys.executable).parent / "py-spy"
@@ -193,6 +202,7 @@ class PipelineProcess:
                 + ["--format", "raw", "--output", str(pyspy_out)],
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent(),
             )
 
     def exited(self) -> int | None:

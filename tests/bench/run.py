@@ -61,6 +61,8 @@ from tests.bench.profiles import cprofile_top, pyspy_top
 from tests.bench.report import LABELS, RELAYS, TARGETS, summary, throughput, verdicts
 from tests.bench.tracing import lines as tracing_lines
 from tests.bench.tracing import tracing_phase
+from tests.children import crash_dumps
+from tests.kafka_admin import create_topics, delete_topics
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLICATION = "bench_outbox"
@@ -340,9 +342,8 @@ class Bench:
                     config={"cleanup.policy": "compact"},
                 )
             )
-        for name, future in self._kafka_admin.create_topics(topics, operation_timeout=30).items():
-            future.result(timeout=60)
-            self._topics_created.append(name)
+        self._topics_created += [t.topic for t in topics]  # deleted at the end if they exist
+        create_topics(self._kafka_admin, topics)
 
     def pass_prefix(self, relay: str, rep: int) -> str:
         return f"bench.{self.run_id}.{relay}-{rep}"
@@ -587,6 +588,7 @@ class Bench:
                 a.aggregates,
                 a.loader_connections,
                 queue,
+                os.getpid(),
             ),
             name="bench-loader",
         )
@@ -708,13 +710,7 @@ class Bench:
             attempt("drop database and slots", lambda: db.drop_database(self._admin, self.args.database))
             attempt("close admin connection", self._admin.close)
         if self._topics_created:
-
-            def delete_topics() -> None:
-                futures = self._kafka_admin.delete_topics(self._topics_created, operation_timeout=30)
-                for future in futures.values():
-                    future.result(timeout=60)
-
-            attempt("delete topics", delete_topics)
+            attempt("delete topics", lambda: delete_topics(self._kafka_admin, self._topics_created))
         return problems
 
     @staticmethod
@@ -744,6 +740,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    crash_dumps()
     signal.signal(signal.SIGTERM, _interrupt)
     bench = Bench(args)
     code = 0

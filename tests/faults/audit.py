@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from tests.children import die_with_parent
 from tests.faults.load import EVENT_TYPE
 from tests.faults.supervisor import start_cdc_run
 
@@ -56,6 +57,7 @@ def run_audit(
         capture_output=True,
         text=True,
         timeout=600,
+        preexec_fn=die_with_parent(),
     )
     try:
         body = json.loads(done.stdout)

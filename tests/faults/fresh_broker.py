@@ -46,6 +46,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from tests.children import die_with_parent
 from tests.plugins.pipeline import format_broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,6 +141,7 @@ class Broker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),  # a reproduction killed mid-run leaves no broker behind
             )
         self.t_spawn = time.monotonic()
 
@@ -195,6 +197,7 @@ class Broker:
                         capture_output=True,
                         stdin=subprocess.DEVNULL,
                         timeout=120,
+                        preexec_fn=die_with_parent(),
                     )
                     if done.returncode == 0:
                         (out / f"dump-{name}.txt").write_bytes(done.stdout)

@@ -55,6 +55,7 @@ from cdc.config_loader import load_settings
 from cdc.consumer import EventDeserializer
 from cdc.errors import format_lsn, parse_lsn
 from cdc.ops import setup as cdc_setup
+from tests.children import crash_dumps, watchdog
 from tests.faults.audit import open_across_audit, run_audit
 from tests.faults.check import Verdict, analyze
 from tests.faults.cluster import ClusterView
@@ -68,7 +69,7 @@ from tests.faults.schedule import (
     make_cluster_schedule,
     make_schedule,
 )
-from tests.faults.stack import BROKER_NODES, ROOT, FaultStack
+from tests.faults.stack import BROKER_NODES, ROOT, STACK_SCRIPT, FaultStack
 from tests.faults.supervisor import Supervisor, start_cdc_run
 from tests.plugins.proxy import TcpProxy
 
@@ -819,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the logs of passing runs too")
     parser.add_argument("--keep-stack", action="store_true", help="leave the fault stack running at the end")
     args = parser.parse_args(argv)
+    crash_dumps()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -832,6 +834,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.brokers == 1:
         broker_proxy = TcpProxy(stack.kafka_target)
         broker_proxy.port = stack.kafka_advertised_port
+    # The fault stack's daemons are not our children: brought down by a watchdog if this process is killed.
+    guard = None if args.keep_stack else watchdog(["bash", str(STACK_SCRIPT), "down"], stack.script_env)
     try:
         try:
             if broker_proxy is not None:
@@ -853,6 +857,8 @@ def main(argv: list[str] | None = None) -> int:
                 stack.down()
             except RuntimeError as exc:
                 print(f"faults: {exc}", file=sys.stderr)
+        if guard is not None:
+            guard.disarm()
     if args.runs > 1:
         missing = sum(int(re.search(r"missing=(\d+)", line).group(1)) for line in lines)  # type: ignore[union-attr]
         print(

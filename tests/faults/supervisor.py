@@ -16,13 +16,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.children import die_with_parent
 from tests.faults.stack import ROOT
 
 RESTART_DELAY = 1.0
 
 
 def start_cdc_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """`python -m cdc run` from the repository root, its output in ``log_path``."""
+    """`python -m cdc run` from the repository root, its output in ``log_path``; it dies with the thread
+    that starts it (tests.children): the supervisor's thread, which ends only after the run's last
+    `cdc run`, or the main thread."""
     with open(log_path, "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "cdc", "run"],
@@ -31,6 +34,7 @@ def start_cdc_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),
         )
 
 

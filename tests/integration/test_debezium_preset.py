@@ -31,6 +31,7 @@ from tests.bench.debezium import config as dbz
 from tests.bench.debezium.connect import ConnectProcess
 from tests.bench.debezium.jars import ensure_jars
 from tests.integration.stream.test_exactly_once import read_all
+from tests.kafka_admin import create_topics
 from tests.plugins.kafka import read_topics
 from tests.plugins.pipeline import ROOT, SCHEMAS_DIR, PipelineProcess, free_port, order_placed
 
@@ -108,11 +109,8 @@ def test_the_debezium_preset_writes_what_debezium_writes_record_for_record(
     cdc_setup.apply(settings)
     topics = [f"{p}.{t}" for p in (ours_prefix, their_prefix) for t in ("order", "customer")]
     topics.append(f"{ours_prefix}.dlq")
-    for name, future in kafka_admin.create_topics(
-        [NewTopic(t, num_partitions=PARTITIONS, replication_factor=1) for t in topics]
-    ).items():
-        future.result(timeout=30)
-        outbox.topics.append(name)
+    outbox.topics.extend(topics)  # deleted after the test
+    create_topics(kafka_admin, [NewTopic(t, num_partitions=PARTITIONS, replication_factor=1) for t in topics])
     connect = None
     try:
         with psycopg.connect(outbox.dsn, autocommit=True) as conn:

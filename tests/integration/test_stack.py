@@ -23,6 +23,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from psycopg import sql
 
+from tests.kafka_admin import create_topics, settled
 from tests.plugins.kafka import client_config
 from tests.plugins.pipeline import free_port, port_open
 from tests.plugins.registry import registry_client_config, registry_get
@@ -277,11 +278,13 @@ def test_the_stack_starts_a_secure_three_broker_cluster_from_a_checkout_postgres
             }
         )
         topic = f"cdc_cluster_{uuid.uuid4().hex[:8]}"
-        admin.create_topics([NewTopic(topic, num_partitions=3)])[topic].result(timeout=60)
+        create_topics(admin, [NewTopic(topic, num_partitions=3)])
         metadata = admin.list_topics(topic, timeout=30).topics[topic]
         assert [len(p.replicas) for p in metadata.partitions.values()] == [3, 3, 3]
-        configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
-        described = next(iter(configs.values())).result(timeout=30)
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        described = settled(
+            lambda left: admin.describe_configs([resource])[resource].result(timeout=left), "describe configs"
+        )
         assert described["min.insync.replicas"].value == "2"
         producer = Producer(
             {

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
+from tests.kafka_admin import committed_offsets, create_topic, delete_topics
 from tests.plugins.services import service_missing
+
+__all__ = ["create_topic", "delete_topics"]  # used by the tests through this module
 
 # The librdkafka keys of the secure stack's connection (CDC_KAFKA_<KEY> in .stack/env), apart from the
 # bootstrap servers.
@@ -108,21 +111,15 @@ def kafka_bootstrap() -> str:
     return servers
 
 
-def _wait_for_group_coordinator(servers: str, timeout: float = 60.0) -> None:
+def _wait_for_group_coordinator(servers: str) -> None:
     """The first consumer group of a fresh broker creates __consumer_offsets and loads its coordinator: for
     some seconds, group calls fail with NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS. Wait for that once
-    here, rather than in whichever test happens to run first."""
+    here (tests.kafka_admin asks again while it lasts), rather than in whichever test happens to run first."""
     consumer = Consumer({**client_config(servers), "group.id": f"test-warm-up-{uuid.uuid4().hex}"})
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            try:
-                consumer.committed([TopicPartition("__warm_up", 0)], timeout=10)
-                return
-            except KafkaException as exc:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"Kafka's group coordinator is not ready: {exc.args[0]}") from exc
-                time.sleep(0.5)
+        committed_offsets(consumer, [TopicPartition("__warm_up", 0)])
+    except KafkaException as exc:
+        raise AssertionError(f"Kafka's group coordinator is not ready: {exc.args[0]}") from exc
     finally:
         consumer.close()
 
@@ -130,19 +127,6 @@ def _wait_for_group_coordinator(servers: str, timeout: float = 60.0) -> None:
 @pytest.fixture(scope="session")
 def kafka_admin(kafka_bootstrap: str) -> AdminClient:
     return AdminClient(client_config(kafka_bootstrap))
-
-
-def create_topic(admin: AdminClient, name: str, partitions: int = 1) -> None:
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
-    futures[name].result(timeout=30)
-
-
-def delete_topics(admin: AdminClient, names: list[str]) -> None:
-    existing = set(admin.list_topics(timeout=10).topics)
-    doomed = [n for n in names if n in existing]
-    if doomed:
-        for future in admin.delete_topics(doomed, operation_timeout=30).values():
-            future.result(timeout=30)
 
 
 @pytest.fixture

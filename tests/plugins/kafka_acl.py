@@ -25,6 +25,8 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from tests.kafka_admin import settled
+
 RESOURCES = {
     "topic": ResourceType.TOPIC,
     "group": ResourceType.GROUP,
@@ -91,9 +93,10 @@ def revoke(admin: AdminClient, bindings: list[AclBinding], *, wait: bool = True)
         )
         for b in bindings
     ]
-    futures = admin.delete_acls(filters)
     if wait:
-        _check(futures, "could not revoke")
+        settled(lambda _left: _check(admin.delete_acls(filters), "could not revoke"), "revoke ACLs")
+    else:
+        admin.delete_acls(filters)
 
 
 @pytest.fixture
@@ -115,7 +118,7 @@ def kafka_user(kafka_admin: AdminClient) -> Iterator[Callable[..., KafkaUser]]:
         bindings = [b for g in grants for b in g.bindings(f"User:{user.name}")]
         made.append((user, bindings))
         if bindings:
-            _check(kafka_admin.create_acls(bindings), "could not grant")
+            settled(lambda _left: _check(kafka_admin.create_acls(bindings), "could not grant"), "grant ACLs")
         return user
 
     yield make

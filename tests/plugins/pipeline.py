@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 from cdc.config import Settings
 from cdc.config_loader import load_settings
 from cdc.errors import parse_lsn
+from tests.children import die_with_parent
 from tests.plugins.kafka import (
     Record,
     client_config,
@@ -87,6 +88,7 @@ def cdc(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.Comp
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=die_with_parent(),
     )
 
 
@@ -518,6 +520,7 @@ class ModuleProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # a test run killed mid-test leaves no `cdc run` behind
         )
         self.started_at = time.monotonic()
 
@@ -671,6 +674,7 @@ def format_broker(
             stdin=subprocess.DEVNULL,
             check=True,
             timeout=120,
+            preexec_fn=die_with_parent(),
         )
     return properties
 
@@ -720,6 +724,12 @@ class PrivateKafka:
         return _tail(self.log_path, lines)
 
     def start(self, timeout: float = 90.0) -> None:
+        """Start the broker and wait until it serves (a client's metadata request answered)."""
+        mark = self.launch()
+        self.wait_started(mark, timeout)
+
+    def launch(self) -> str:
+        """Start the broker and return at once: what a client meets next is a broker that is starting."""
         assert self.proc is None or self.proc.poll() is not None, "the private broker is already running"
         self.starts += 1
         mark = f"=== start {self.starts} ===\n"
@@ -733,9 +743,14 @@ class PrivateKafka:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         finally:
             log_file.close()
+        return mark
+
+    def wait_started(self, mark: str, timeout: float = 90.0) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

@@ -47,6 +47,7 @@ from tests.bench.load import bulk_fill
 from tests.bench.measure import bare_drain, measure_drain
 from tests.bench.procs import PipelineProcess
 from tests.bench.run import ROOT, kafka_pid, machine_info
+from tests.kafka_admin import create_topics, delete_topics
 
 PUBLICATION = "bench_outbox"
 RELAYS = ("bare", "cdc", *(f"debezium-{name}" for name in dbz.VARIANTS))
@@ -196,9 +197,8 @@ class DebeziumBench:
         ]
         if "cdc" in self.relays:
             topics.append(NewTopic(f"{self.topic_prefix('cdc')}.dlq", num_partitions=1, replication_factor=1))
-        for name, future in self._kafka_admin.create_topics(topics, operation_timeout=30).items():
-            future.result(timeout=60)
-            self._topics_created.append(name)
+        self._topics_created += [t.topic for t in topics]  # deleted at the end if they exist
+        create_topics(self._kafka_admin, topics)
 
     def cdc_env(self, slot: str, relay: str) -> dict[str, str]:
         env = {k: v for k, v in self.environ.items() if k != "CDC_CONFIG"}
@@ -336,13 +336,7 @@ class DebeziumBench:
             attempt("drop database and slots", lambda: db.drop_database(self._admin, self.args.database))
             attempt("close admin connection", self._admin.close)
         if self._topics_created:
-
-            def delete_topics() -> None:
-                futures = self._kafka_admin.delete_topics(self._topics_created, operation_timeout=30)
-                for future in futures.values():
-                    future.result(timeout=60)
-
-            attempt("delete topics", delete_topics)
+            attempt("delete topics", lambda: delete_topics(self._kafka_admin, self._topics_created))
         for artifact in self._artifacts:
             attempt(f"delete registry artifact {artifact}", lambda a=artifact: self.delete_artifact(a))
         attempt("remove the config files", lambda: shutil.rmtree(self._workdir))

@@ -13,6 +13,7 @@ from pathlib import Path
 from tests.bench.debezium.bench import RELAYS, BenchError, DebeziumBench, short_error
 from tests.bench.debezium.table import report
 from tests.bench.table import markdown
+from tests.children import crash_dumps
 
 
 def default_connect_port(environ: dict[str, str]) -> int:
@@ -77,6 +78,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    crash_dumps()
     environ = dict(os.environ)
     args = parse_args(argv, environ)
     signal.signal(signal.SIGTERM, _interrupt)

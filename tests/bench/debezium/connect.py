@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.debezium.config import JVM_OPTIONS, MAIN_CLASS
+from tests.children import die_with_parent
 
 HERE = Path(__file__).resolve().parent
 LOG4J_CONFIG = HERE / "log4j2.properties"
@@ -61,6 +62,7 @@ class ConnectProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent(),  # Kafka Connect dies with the bench, however the bench dies
         )
         self.pid = self.proc.pid
 

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.children import die_with_parent
+
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
 MIN_JAVA = 17
@@ -67,6 +69,7 @@ def ensure_jars(stack_dir: Path, log: Path, progress=None) -> Path:
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=1800,
+            preexec_fn=die_with_parent(),
         )
     if done.returncode != 0:
         raise JarsError(f"mvn could not resolve {POM.name}'s dependencies; see {log}")

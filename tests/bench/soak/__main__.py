@@ -11,6 +11,7 @@ from pathlib import Path
 import tests.bench.soak as package
 from tests.bench.soak import ROOT
 from tests.bench.soak.orchestration import Soak
+from tests.children import crash_dumps
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,6 +58,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    crash_dumps()  # a native crash here or in a child leaves the Python stack of every thread
     signal.signal(signal.SIGTERM, _interrupt)
     soak = Soak(args)
     error = None

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from tests.bench.db import connect
+from tests.children import die_with_parent_now
 
 PAYLOADS = 10_000
 AGGREGATES = 1_000
@@ -60,12 +61,14 @@ def offer_load(
     seed: int,
     out: Any,
     stop: Any,
+    parent: int,
 ) -> None:
     """In a process of its own: commit transactions of mixed sizes (TXN_SIZES) of ``soak_insert`` so that
     ``rate`` events/s are offered for ``seconds`` s, each transaction due when the events scheduled before it
     are (open loop: a late one goes at once). Generator numbers are handed out in order, so the committed
     events are exactly ``[first, next_first)``. Puts a progress dict on ``out`` every second and a final one
-    with ``done``; stops early when ``stop`` is set."""
+    with ``done``; stops early when ``stop`` is set, and dies with ``parent`` (the soak's pid)."""
+    die_with_parent_now(parent)
     try:
         rng = random.Random(seed)
         lock = threading.Lock()

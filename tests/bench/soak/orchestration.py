@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from tests.bench.db import connect, dsn_for
@@ -34,6 +35,7 @@ from tests.bench.soak.load import TXN_SIZES, TXN_WEIGHTS, offer_load
 from tests.bench.soak.output import Output
 from tests.bench.soak.pipeline import Child, Pipeline
 from tests.bench.soak.sampling import LatencyHistograms, Sampling, ServerStats, stack_kafka_pid
+from tests.children import die_with_parent
 
 
 class Soak(Pipeline, Sampling, Judgement, Output):
@@ -59,6 +61,7 @@ class Soak(Pipeline, Sampling, Judgement, Output):
         self.dsn = dsn_for(admin_dsn, self.database)
         self.load_seconds = args.minutes * 60
         self.kafka_admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.group_reader: Consumer | None = None  # reads the consumer group's committed offsets
         self.children: list[Child] = []
         self.latency: LatencyHistograms | None = None
         self.loader: Any = None
@@ -112,6 +115,7 @@ class Soak(Pipeline, Sampling, Judgement, Output):
                 a.seed,
                 loader_out,
                 self.loader_stop,
+                os.getpid(),
             ),
             name="soak-loader",
         )
@@ -167,6 +171,7 @@ class Soak(Pipeline, Sampling, Judgement, Output):
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
+                    preexec_fn=die_with_parent(),
                 )
                 next_prune = now + 60
             # A minute closes at its end; the last one (maybe shorter) when the load is over, unless it is

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from tests.bench.db import connect, drop_database, recreate_database
@@ -21,6 +21,8 @@ from tests.bench.run import machine_info
 from tests.bench.soak import PARTITIONS, ROOT, STALL_S, WARM_UP_ROWS, SoakError, progress
 from tests.bench.soak.load import GENERATOR_SQL
 from tests.bench.soak.sampling import LatencyHistograms, ServerStats
+from tests.children import die_with_parent
+from tests.kafka_admin import committed_offsets, create_topics, delete_groups, delete_topics_with_prefix
 
 # The consumer: examples.invoice_service as it is, with its one INFO line per invoice turned off.
 CONSUMER_MAIN = (
@@ -38,7 +40,14 @@ class Child:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),  # a soak killed with kill -9 takes its children with it
+        )
         self.pid = self.proc.pid
         self.stopped: dict[str, Any] | None = None
 
@@ -102,6 +111,7 @@ class Pipeline:
             capture_output=True,
             text=True,
             timeout=timeout,
+            preexec_fn=die_with_parent(),
         )
 
     def set_up(self) -> None:
@@ -128,8 +138,7 @@ class Pipeline:
             NewTopic(self.dlq_topic, num_partitions=1, replication_factor=1),
             NewTopic(self.consumer_dlq, num_partitions=1, replication_factor=1),
         ]
-        for future in self.kafka_admin.create_topics(topics, operation_timeout=30).values():
-            future.result(timeout=60)
+        create_topics(self.kafka_admin, topics)
 
     def start(self) -> None:
         a = self.args
@@ -167,6 +176,9 @@ class Pipeline:
         with connect(self.dsn) as conn:
             conn.execute("SELECT soak_insert(0, %s)", (WARM_UP_ROWS,))
         self.offsets = Watermarks(self.kafka_admin, self.topic, PARTITIONS)
+        self.group_reader = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": self.consumer_name, "enable.auto.commit": False}
+        )
         self.wait(
             "the warm-up consumed", lambda: (self.consumed() >= WARM_UP_ROWS, self.consumed()), total=120
         )
@@ -178,14 +190,11 @@ class Pipeline:
         return sum(max(0, v) for v in self.offsets.read().values())
 
     def consumed(self) -> int:
-        request = ConsumerGroupTopicPartitions(
-            self.consumer_name, [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
-        )
-        future = self.kafka_admin.list_consumer_group_offsets([request], request_timeout=10)[
-            self.consumer_name
-        ]
-        answer = future.result(timeout=15)
-        return sum(max(0, tp.offset) for tp in answer.topic_partitions)
+        """The consumer group's committed offsets, as a consumer of the group that never joins it reads them:
+        not the admin API's list_consumer_group_offsets, which crashed this driver (cdc.stream.admin)."""
+        partitions = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
+        answer = committed_offsets(self.group_reader, partitions)
+        return sum(max(0, tp.offset) for tp in answer)
 
     # -- waiting -----------------------------------------------------------------------------------------
 
@@ -234,6 +243,8 @@ class Pipeline:
             attempt(f"stop {child.name}", child.stop)
         if self.server is not None:
             attempt("close the stats connection", self.server.close)
+        if self.group_reader is not None:
+            attempt("close the group's reader", self.group_reader.close)
         if self.created_database:
             attempt("cdc teardown", lambda: self.cdc("teardown", "--yes", timeout=120))
 
@@ -243,23 +254,8 @@ class Pipeline:
 
             attempt("drop the database", drop)
 
-        def delete_topics() -> None:
-            names = [
-                t
-                for t in self.kafka_admin.list_topics(timeout=10).topics
-                if t.startswith(self.topic_prefix + ".")
-            ]
-            if names:
-                for future in self.kafka_admin.delete_topics(names, operation_timeout=30).values():
-                    future.result(timeout=60)
-
-        attempt("delete the topics", delete_topics)
-
-        def delete_group() -> None:
-            groups = self.kafka_admin.list_consumer_groups(request_timeout=10).result(timeout=15)
-            if any(g.group_id == self.consumer_name for g in groups.valid):
-                for future in self.kafka_admin.delete_consumer_groups([self.consumer_name]).values():
-                    future.result(timeout=30)
-
-        attempt("delete the consumer group", delete_group)
+        attempt(
+            "delete the topics", lambda: delete_topics_with_prefix(self.kafka_admin, self.topic_prefix + ".")
+        )
+        attempt("delete the consumer group", lambda: delete_groups(self.kafka_admin, [self.consumer_name]))
         return problems

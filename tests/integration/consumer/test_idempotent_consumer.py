@@ -38,6 +38,7 @@ from cdc.avro.store import SchemaStore
 from cdc.config import TableRef
 from cdc.consumer.processed import apply_setup, mark_many, mark_processed
 from cdc.outbox import emit
+from tests.kafka_admin import settled
 from tests.plugins.kafka import (
     client_config,
     create_topic,
@@ -695,8 +696,10 @@ def test_a_dead_letter_too_large_for_its_topic_is_sent_reduced(rig, consume):
     partition goes on; before, the broker's refusal stopped the consumer on it."""
     limit = ConfigEntry("max.message.bytes", "4096", incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource(ConfigResource.Type.TOPIC, rig.dlq, incremental_configs=[limit])
-    for future in rig.admin.incremental_alter_configs([resource]).values():
-        future.result(timeout=30)
+    settled(
+        lambda left: rig.admin.incremental_alter_configs([resource])[resource].result(timeout=left),
+        "alter configs",
+    )
     bad, after = Order("o-bad", key="k" * 2000), Order("o-after")
     producer = Producer({**client_config(rig.bootstrap)})
     producer.produce(

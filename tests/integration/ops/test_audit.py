@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from cdc.ops import audit_mark
+from tests.kafka_admin import settled
 from tests.plugins.kafka import client_config, with_stack_security
 from tests.plugins.pipeline import SCHEMAS_DIR, Outbox, cdc, order_placed, wait_until
 
@@ -164,8 +165,10 @@ def test_windows_it_cannot_judge_are_refused(outbox: Outbox, pipeline_process, c
         reader.close()
     deletions = [TopicPartition(topic, p, 1) for p, size in sizes.items() if size >= 2]
     assert deletions, sizes
-    for future in kafka_admin.delete_records(deletions).values():
-        future.result(timeout=30)
+    settled(
+        lambda left: [f.result(timeout=left) for f in kafka_admin.delete_records(deletions).values()],
+        "delete records",
+    )
     code, _, err = audit(env)
     assert code == 2 and "retention deleted offsets below 1" in err and "--since" in err, err
 

@@ -20,6 +20,7 @@ from confluent_kafka.admin import (
 )
 
 from tests.integration.test_metrics import get, metric
+from tests.kafka_admin import create_topics, settled
 from tests.plugins.kafka import Record
 from tests.plugins.pipeline import Event, Outbox, free_port, wait_until
 
@@ -35,8 +36,7 @@ def blob() -> str:
 
 
 def create_topic(admin: AdminClient, name: str, **config: str) -> None:
-    new = NewTopic(name, num_partitions=3, replication_factor=1, config=config)
-    admin.create_topics([new])[name].result(timeout=30)
+    create_topics(admin, [NewTopic(name, num_partitions=3, replication_factor=1, config=config)])
 
 
 def first_seen_order(records: list[Record]) -> dict[str, list[str]]:
@@ -112,7 +112,10 @@ def test_a_batch_the_broker_refuses_is_replayed_in_order_and_its_culprit_dead_le
             ConfigEntry("max.message.bytes", str(LIMIT), incremental_operation=AlterConfigOpType.SET)
         ],
     )
-    kafka_admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    settled(
+        lambda left: kafka_admin.incremental_alter_configs([resource])[resource].result(timeout=left),
+        "alter configs",
+    )
 
     # The large record in the first batch of a transaction of several: the producer holds the next batches
     # of the partition while the first is in flight. Without the gapless guarantee they are appended as

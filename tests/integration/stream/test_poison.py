@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import NewTopic
 
+from tests.kafka_admin import create_topics
 from tests.plugins.pipeline import order_placed, wait_until
 
 TOPIC_LIMIT = 100_000  # the topic's max.message.bytes: a tenth of what the producer may send
@@ -29,7 +30,7 @@ def test_poison_rows_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     new = NewTopic(
         topic, num_partitions=3, replication_factor=1, config={"max.message.bytes": str(TOPIC_LIMIT)}
     )
-    kafka_admin.create_topics([new])[topic].result(timeout=30)
+    create_topics(kafka_admin, [new])
     proc = pipeline_process(CDC_AGGREGATE_TYPES="order")
     proc.wait_streaming()
     table = psycopg.sql.Identifier(outbox.table)

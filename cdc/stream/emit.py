@@ -125,8 +125,10 @@ class Emitter:
         ]
         if self._extra_headers:
             headers.extend(self._extra_headers)  # `cdc outbox republish`'s mark
+        row_headers = None
         if raw_headers is not None:
-            headers.extend(parse_headers(raw_headers))
+            row_headers = parse_headers(raw_headers)
+            headers.extend(row_headers)
         on_delivery = traced(txn.delivered, id_) if self._trace else txn.delivered
         careful = limit is not None or self._refusals.active
         if careful:
@@ -136,9 +138,17 @@ class Emitter:
                 return
         spans = self._spans
         span = None
-        if spans is not None and (raw_headers is not None or spans.always):
+        if spans is not None and (row_headers or spans.always):
             started = spans.start(
-                headers, topic, aggregate_id, id_, event_type, version, self._lsn, txn.commit_time_us
+                headers,
+                row_headers,
+                topic,
+                aggregate_id,
+                id_,
+                event_type,
+                version,
+                self._lsn,
+                txn.commit_time_us,
             )
             if started is not None:
                 span, headers = started

@@ -47,7 +47,9 @@ def relay(exporter: InMemorySpanExporter, mode: str = "row-context-only", *, end
 
 def start(spans: RelaySpans, headers):
     base = [("id", b"e-1"), ("event_type", b"OrderPlaced")]
-    return spans.start(base + headers, "app.order", b"o-1", b"e-1", b"OrderPlaced", b"1", b"0/3E8", COMMIT_US)
+    return spans.start(
+        base + headers, headers, "app.order", b"o-1", b"e-1", b"OrderPlaced", b"1", b"0/3E8", COMMIT_US
+    )
 
 
 def test_a_sampled_row_gets_a_producer_span_from_its_commit_and_the_record_carries_it(exporter):

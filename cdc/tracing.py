@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cdc import trace_export
 from cdc.config import TRACING_MODES as MODES
 from cdc.errors import ConfigError
 
@@ -127,17 +128,24 @@ class Tracing:
 
 
 class _CountingExporter(SpanExporter):
-    """The OTLP exporter, telling the processor what left its queue and counting what the collector took."""
+    """The OTLP exporter, telling the processor what left its queue and counting what the collector took.
+
+    It encodes with :mod:`cdc.trace_export` (a tenth of the library's cost, the same bytes) and hands the
+    bytes to the OTLP exporter's HTTP client, which keeps its endpoint, headers, TLS, compression, timeout
+    and retries. That client is not public API: when an exporter of another version has none, or a batch
+    holds what cdc.trace_export leaves to the library, the exporter encodes as it always does."""
 
     def __init__(self, inner: SpanExporter, processor: _BoundedProcessor) -> None:
         self.inner = inner
         self.processor = processor
+        client = getattr(inner, "_client", None)
+        self._client = client if callable(getattr(client, "export", None)) else None
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not self.processor.taken(len(spans)):
             return SpanExportResult.FAILURE  # after shutdown's bound: counted as dropped by abandon()
         try:
-            result = self.inner.export(spans)
+            result = self._export(spans)
         except Exception:  # an exporter's bug must not end the export thread: the spans are counted
             log.exception("tracing: exporting %d spans failed", len(spans))
             result = SpanExportResult.FAILURE
@@ -147,6 +155,13 @@ class _CountingExporter(SpanExporter):
             else:
                 STATS.dropped["export_failed"] += len(spans)
         return result
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        data = None if self._client is None else trace_export.encode(spans)
+        if data is None:
+            return self.inner.export(spans)
+        sent = self._client.export(data)  # type: ignore[union-attr]  # None was ruled out above
+        return SpanExportResult.SUCCESS if getattr(sent, "success", False) else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
         self.inner.shutdown()

@@ -1,11 +1,14 @@
 """The processes a test harness starts (`cdc run`, consumers, loaders, brokers, Kafka Connect): they die with
 the harness however it dies, and a native crash in any of them, or in the harness, leaves a Python stack.
 
-- :func:`die_with_parent` is a ``preexec_fn``: the child asks the kernel for SIGKILL when its parent dies
-  (``prctl(PR_SET_PDEATHSIG)``), so that a harness killed with ``kill -9``, or crashed, orphans nothing. The
-  kernel sends it when the *thread* that started the child ends, not the process: start children from the
-  main thread, or from a thread that lives as long as they should (the fault suite's supervisor thread, which
-  ends only when the run stops its `cdc run`).
+- :func:`dying_with_parent` wraps a child's command: the child asks the kernel for SIGKILL when its parent
+  dies (``prctl(PR_SET_PDEATHSIG)``, through util-linux's ``setpriv --pdeathsig``, which then execs the
+  command: same pid), so that a harness killed with ``kill -9``, or crashed, orphans nothing. The kernel sends
+  it when the *thread* that started the child ends, not the process: start children from the main thread, or
+  from a thread that lives as long as they should (the fault suite's supervisor thread, which ends only when
+  the run stops its `cdc run`). Not a ``preexec_fn``: with one, Python runs the process's at-fork hooks in
+  the child (OpenTelemetry's SDK registers some), and a hook that takes a lock another thread held at the
+  fork waits for ever, before the exec (seen: a test that started `cdc run` after the tracing tests hung).
 - :func:`die_with_parent_now` does the same from inside a child that Python started (a
   ``multiprocessing`` process), as its first step.
 - :func:`watchdog` for what is not a child of the harness (a stack's daemons, started by `stack/stack.sh`):
@@ -22,17 +25,17 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
-# Loaded here, not in the child: between fork and exec only async-signal-safe work is allowed (no imports,
-# no allocation of locks), so the child calls a function that is ready.
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 _prctl = _libc.prctl if _libc is not None else None
+SETPRIV = shutil.which("setpriv") or "setpriv"
 
 
 def _ask_for_kill(parent: int) -> None:
@@ -43,11 +46,12 @@ def _ask_for_kill(parent: int) -> None:
         os._exit(1)
 
 
-def die_with_parent() -> Callable[[], None]:
-    """A ``preexec_fn`` for ``subprocess.Popen`` / ``subprocess.run``: the child is killed when this process
-    (the thread that starts it) dies."""
-    parent = os.getpid()
-    return lambda: _ask_for_kill(parent)
+def dying_with_parent(command: Sequence[str]) -> list[str]:
+    """``command``, run so that the child is killed when this process (the thread that starts it) dies: for
+    ``subprocess.Popen`` / ``subprocess.run``. ``setpriv`` is util-linux's, on every Linux machine."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [SETPRIV, "--pdeathsig", "KILL", "--", *command]
 
 
 def die_with_parent_now(parent: int) -> None:

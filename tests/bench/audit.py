@@ -44,7 +44,7 @@ from confluent_kafka.admin import AdminClient
 from tests.bench.db import SlotWatch, connect, drop_database, dsn_for, generator_sql, recreate_database
 from tests.bench.load import bulk_fill
 from tests.bench.procs import vmhwm_mb
-from tests.children import crash_dumps, die_with_parent
+from tests.children import crash_dumps, dying_with_parent
 from tests.kafka_admin import delete_topics_with_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,13 +53,12 @@ ROWS_PER_TXN = 10_000
 
 def cdc(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, "-m", "cdc", *args],
+        dying_with_parent([sys.executable, "-m", "cdc", *args]),
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=die_with_parent(),
     )
     if done.returncode not in (0, 1):
         raise RuntimeError(f"cdc {args[0]} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
@@ -70,12 +69,11 @@ def publish_all(env: dict[str, str], dsn: str, slot: str, target_lsn: int, event
     """`cdc run` until the slot confirmed ``target_lsn`` and saved a position at the last commit."""
     log = open(Path("/tmp") / f"bench-audit-{slot}.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cdc", "run"],
+        dying_with_parent([sys.executable, "-m", "cdc", "run"]),
         cwd=ROOT,
         env=env,
         stdout=log,
         stderr=log,
-        preexec_fn=die_with_parent(),
     )
     watch = SlotWatch(dsn)
     try:
@@ -107,13 +105,12 @@ def audit_peak(env: dict[str, str], cwd: Path = ROOT) -> tuple[float, float, flo
     started = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc", "audit", "--since", "1h", "--json"],
+            dying_with_parent([sys.executable, "-m", "cdc", "audit", "--since", "1h", "--json"]),
             cwd=cwd,
             env=env,
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=die_with_parent(),
         )
         peak = 0.0
         while proc.poll() is None:

@@ -32,7 +32,7 @@ from psycopg import sql
 from cdc.config import TableRef
 from cdc.consumer import Event, EventDeserializer, IdempotentConsumer
 from tests.bench.consumer import SCHEMAS, invoice_insert, produce, scratch
-from tests.children import crash_dumps, die_with_parent
+from tests.children import crash_dumps, dying_with_parent
 from tests.kafka_admin import delete_groups
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -146,13 +146,12 @@ def measure(
                 )
             groups.append(group := f"{topic}-{setting}-{i}")
             done = subprocess.run(
-                [sys.executable, "-m", "tests.bench.consumer_memory", "--seconds", str(args.seconds),
-                 "--events", str(args.events), "--child", topic, schema, group, setting],
+                dying_with_parent([sys.executable, "-m", "tests.bench.consumer_memory", "--seconds",
+                 str(args.seconds), "--events", str(args.events), "--child", topic, schema, group, setting]),
                 capture_output=True,
                 text=True,
                 timeout=args.seconds + 120,
                 check=True,
-                preexec_fn=die_with_parent(),
             )  # fmt: skip
             figures = json.loads(done.stdout.strip().splitlines()[-1])
             peak, steady, rate = figures["peak_mb"], figures["steady_mb"], figures["events_per_s"]

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from cdc.stream.admin import ask
 from tests.bench.procs import MachineCpu, cpu_seconds, vmhwm_mb
 from tests.bench.table import figures
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
@@ -399,13 +399,12 @@ def bare_drain(dsn: str, *, slot: str, publication: str, events: int, timeout: f
     command = [sys.executable, "-m", "tests.bench.bare_reader", "--slot", slot, "--publication", publication]
     command += ["--count", str(events), "--timeout", str(timeout)]
     done = subprocess.run(
-        command,
+        dying_with_parent(command),
         env=env,
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout + 60,
-        preexec_fn=die_with_parent(),
     )
     if done.returncode != 0:
         raise DrainFailed(

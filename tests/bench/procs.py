@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -187,22 +187,22 @@ class PipelineProcess:
         self._log = open(log_path, "ab")  # closed in stop()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            command,
+            dying_with_parent(command),
             env=env,
             cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent(),
         )
         self.pid = self.proc.pid
         if pyspy_out is not None:
             pyspy = Path(sys.executable).parent / "py-spy"
             self._pyspy = subprocess.Popen(
-                [str(pyspy), "record", "--pid", str(self.pid), "--rate", "200", "--nonblocking", "--idle"]
-                + ["--format", "raw", "--output", str(pyspy_out)],
+                dying_with_parent(
+                    [str(pyspy), "record", "--pid", str(self.pid), "--rate", "200", "--nonblocking", "--idle"]
+                    + ["--format", "raw", "--output", str(pyspy_out)]
+                ),
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent(),
             )
 
     def exited(self) -> int | None:

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.faults.load import EVENT_TYPE
 from tests.faults.supervisor import start_cdc_run
 
@@ -50,14 +50,13 @@ def run_audit(
     env: dict[str, str], since: datetime, checker_missing: list[str], dsn: str, table: str
 ) -> AuditCheck:
     done = subprocess.run(
-        [sys.executable, "-m", "cdc", "audit", "--since", since.isoformat(), "--json"],
+        dying_with_parent([sys.executable, "-m", "cdc", "audit", "--since", since.isoformat(), "--json"]),
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=600,
-        preexec_fn=die_with_parent(),
     )
     try:
         body = json.loads(done.stdout)

@@ -46,7 +46,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.plugins.pipeline import format_broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,12 +136,11 @@ class Broker:
                 raise RuntimeError(f"port {p} is already taken: is an earlier broker still running?")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [*self.java, "kafka.Kafka", str(self.props)],
+                dying_with_parent([*self.java, "kafka.Kafka", str(self.props)]),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),  # a reproduction killed mid-run leaves no broker behind
             )
         self.t_spawn = time.monotonic()
 
@@ -193,11 +192,12 @@ class Broker:
                 (out / f"batches-{name}.txt").write_text(dump_batches(seg.read_bytes()))
                 for main in ("org.apache.kafka.tools.DumpLogSegments", "kafka.tools.DumpLogSegments"):
                     done = subprocess.run(
-                        [*self.java, main, "--files", str(seg), "--print-data-log", "--deep-iteration"],
+                        dying_with_parent(
+                            [*self.java, main, "--files", str(seg), "--print-data-log", "--deep-iteration"]
+                        ),
                         capture_output=True,
                         stdin=subprocess.DEVNULL,
                         timeout=120,
-                        preexec_fn=die_with_parent(),
                     )
                     if done.returncode == 0:
                         (out / f"dump-{name}.txt").write_bytes(done.stdout)

@@ -33,7 +33,7 @@ import confluent_kafka
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 
 
 def admin_committed(
@@ -90,7 +90,7 @@ def main() -> int:
             broker.wait("port")
             command = [sys.executable, "-m", "tests.faults.offset_fetch_crash", "--client", broker.bootstrap]
             command += [str(args.seconds), *(["--consumer"] if args.consumer else [])]
-            done = subprocess.run(command, capture_output=True, text=True, preexec_fn=die_with_parent())
+            done = subprocess.run(dying_with_parent(command), capture_output=True, text=True)
         finally:
             broker.kill()
             broker.remove()

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.faults.stack import ROOT
 
 RESTART_DELAY = 1.0
@@ -28,13 +28,12 @@ def start_cdc_run(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes
     `cdc run`, or the main thread."""
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "cdc", "run"],
+            dying_with_parent([sys.executable, "-m", "cdc", "run"]),
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent(),
         )
 
 

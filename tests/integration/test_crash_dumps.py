@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.plugins.pipeline import ROOT, Outbox, PipelineProcess, wait_until
 
 CONSUMER = """
@@ -58,13 +58,14 @@ def test_a_consumer_killed_by_sigsegv_leaves_its_python_stack(
     env = without_faulthandler_env(dict(os.environ))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", CONSUMER, "crash-dumps", topic, pg_database, kafka_bootstrap, dlq],
+            dying_with_parent(
+                [sys.executable, "-c", CONSUMER, "crash-dumps", topic, pg_database, kafka_bootstrap, dlq]
+            ),
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent(),
         )
     try:
         wait_until(lambda: "subscribed to" in log_path.read_text(errors="replace"), 60, "the consumer")

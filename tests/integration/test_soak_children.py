@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.bench.db import connect, drop_database
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.kafka_admin import delete_groups, delete_topics_with_prefix
 from tests.plugins.pipeline import ROOT
 
@@ -57,14 +57,13 @@ def test_the_soak_killed_with_kill_9_leaves_no_process_behind(
     # The killed consumer stays a member of its group until its session times out: then the group can go.
     command += ["--consumer-arg=-X", f"--consumer-arg=session.timeout.ms={SESSION_MS}"]
     soak = subprocess.Popen(
-        command,
+        dying_with_parent(command),
         cwd=ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=die_with_parent(),
     )
     assert soak.stderr is not None
     lines: list[str] = []

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.plugins.pipeline import (
     ROOT,
     Outbox,
@@ -43,14 +43,13 @@ def during_start(broker: PrivateKafka, env: dict[str, str], *args: str) -> subpr
     """``cdc *args`` started against the stopped broker, the broker started BROKER_DELAY s later."""
     broker.stop()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cdc", *args],
+        dying_with_parent([sys.executable, "-m", "cdc", *args]),
         cwd=ROOT,
         env=with_stack_security({**env, **EAGER}),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=die_with_parent(),
     )
     time.sleep(BROKER_DELAY)
     mark = broker.launch()

@@ -37,7 +37,7 @@ from confluent_kafka.admin import AdminClient
 from cdc.config import Settings
 from cdc.config_loader import load_settings
 from cdc.errors import parse_lsn
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.plugins.kafka import (
     Record,
     client_config,
@@ -81,14 +81,13 @@ def _tail(path: Path, lines: int = 60) -> str:
 def cdc(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """`cdc <args>` as a subprocess of this interpreter, from the repository root; output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "cdc", *args],
+        dying_with_parent([sys.executable, "-m", "cdc", *args]),
         cwd=ROOT,
         env=with_stack_security(env),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=die_with_parent(),
     )
 
 
@@ -514,13 +513,12 @@ class ModuleProcess:
         self.what = what
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in cleanup()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", *argv],
+            dying_with_parent([sys.executable, "-m", *argv]),
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent(),  # a test run killed mid-test leaves no `cdc run` behind
         )
         self.started_at = time.monotonic()
 
@@ -659,22 +657,23 @@ def format_broker(
     )
     with open(home / "format.log", "wb") as out:
         subprocess.run(
-            [
-                *java,
-                "kafka.tools.StorageTool",
-                "format",
-                "--standalone",
-                "-t",
-                _cluster_id(),
-                "-c",
-                str(properties),
-            ],
+            dying_with_parent(
+                [
+                    *java,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--standalone",
+                    "-t",
+                    _cluster_id(),
+                    "-c",
+                    str(properties),
+                ]
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             check=True,
             timeout=120,
-            preexec_fn=die_with_parent(),
         )
     return properties
 
@@ -738,12 +737,11 @@ class PrivateKafka:
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed right after
         try:
             self.proc = subprocess.Popen(
-                [*self.java, "kafka.Kafka", str(self.properties)],
+                dying_with_parent([*self.java, "kafka.Kafka", str(self.properties)]),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
             )
         finally:
             log_file.close()

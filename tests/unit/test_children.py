@@ -4,6 +4,7 @@ is not its child."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -15,12 +16,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
 
-# A harness: starts `sleep 600` as its child (with die_with_parent, unless told not to), prints its pid.
+# A harness: starts `sleep 600` as its child (with dying_with_parent, unless told not to), prints its pid.
+# Like a test process after the tracing tests, it has an at-fork hook that takes a lock another thread holds
+# (OpenTelemetry's SDK registers such hooks): a child started with a preexec_fn would run it, and wait.
 HARNESS = """
-import subprocess, sys, time
-from tests.children import die_with_parent
+import os, subprocess, sys, threading, time
+from tests.children import dying_with_parent
+held = threading.Lock()
+threading.Thread(target=lambda: (held.acquire(), time.sleep(600)), daemon=True).start()
+time.sleep(0.2)
+os.register_at_fork(after_in_child=lambda: held.acquire())
 guard = sys.argv[1] == "guard"
-child = subprocess.Popen(["sleep", "600"], preexec_fn=die_with_parent() if guard else None)
+child = subprocess.Popen(dying_with_parent(["sleep", "600"]) if guard else ["sleep", "600"])
 print(child.pid, flush=True)
 time.sleep(600)
 """
@@ -53,8 +60,15 @@ def gone_within(pid: int, seconds: float) -> bool:
 
 
 def start(code: str, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """The harness, and the first line it prints within 10 s (a harness stuck starting its child fails)."""
     proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 10)
+    if not ready:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        pytest.fail("the harness did not start its child within 10 s")
     return proc, proc.stdout.readline().strip()
 
 
@@ -68,8 +82,14 @@ def kill_9(harness: subprocess.Popen[str]) -> None:
 def test_a_child_dies_with_its_harness_killed_with_kill_9() -> None:
     harness, pid = start(HARNESS, "guard")
     child = int(pid)
-    assert alive(child)
-    kill_9(harness)
+    try:
+        assert alive(child)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{child}/cmdline").read_bytes() != b"sleep\x00600\x00":  # setpriv execs it: one pid
+            assert time.monotonic() < deadline, "setpriv did not exec the command"
+            time.sleep(0.05)
+    finally:
+        kill_9(harness)
     assert gone_within(child, 3), f"child {child} outlived its harness"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.debezium.config import JVM_OPTIONS, MAIN_CLASS
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 
 HERE = Path(__file__).resolve().parent
 LOG4J_CONFIG = HERE / "log4j2.properties"
@@ -57,12 +57,11 @@ class ConnectProcess:
         self._log = open(log_path, "ab")  # closed in stop()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            command,
+            dying_with_parent(command),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent(),  # Kafka Connect dies with the bench, however the bench dies
         )
         self.pid = self.proc.pid
 

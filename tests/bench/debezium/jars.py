@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -64,12 +64,13 @@ def ensure_jars(stack_dir: Path, log: Path, progress=None) -> Path:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         done = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"]
-            + [f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+            dying_with_parent(
+                [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"]
+                + [f"-DoutputDirectory={libs}", "-DincludeScope=runtime"]
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=1800,
-            preexec_fn=die_with_parent(),
         )
     if done.returncode != 0:
         raise JarsError(f"mvn could not resolve {POM.name}'s dependencies; see {log}")

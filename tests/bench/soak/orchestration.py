@@ -35,7 +35,7 @@ from tests.bench.soak.load import TXN_SIZES, TXN_WEIGHTS, offer_load
 from tests.bench.soak.output import Output
 from tests.bench.soak.pipeline import Child, Pipeline
 from tests.bench.soak.sampling import LatencyHistograms, Sampling, ServerStats, stack_kafka_pid
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 
 
 class Soak(Pipeline, Sampling, Judgement, Output):
@@ -165,13 +165,14 @@ class Soak(Pipeline, Sampling, Judgement, Output):
                 pruner = None
             if now >= next_prune and pruner is None and not loaded.get("done"):
                 pruner = subprocess.Popen(
-                    [sys.executable, "-m", "cdc", "outbox", "prune", "--older-than", a.prune_older_than],
+                    dying_with_parent(
+                        [sys.executable, "-m", "cdc", "outbox", "prune", "--older-than", a.prune_older_than]
+                    ),
                     cwd=ROOT,
                     env=self.pipeline_env(),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
-                    preexec_fn=die_with_parent(),
                 )
                 next_prune = now + 60
             # A minute closes at its end; the last one (maybe shorter) when the load is over, unless it is

@@ -21,7 +21,7 @@ from tests.bench.run import machine_info
 from tests.bench.soak import PARTITIONS, ROOT, STALL_S, WARM_UP_ROWS, SoakError, progress
 from tests.bench.soak.load import GENERATOR_SQL
 from tests.bench.soak.sampling import LatencyHistograms, ServerStats
-from tests.children import die_with_parent
+from tests.children import dying_with_parent
 from tests.kafka_admin import committed_offsets, create_topics, delete_groups, delete_topics_with_prefix
 
 # The consumer: examples.invoice_service as it is, with its one INFO line per invoice turned off.
@@ -41,12 +41,11 @@ class Child:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            command,
+            dying_with_parent(command),
             cwd=ROOT,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent(),  # a soak killed with kill -9 takes its children with it
         )
         self.pid = self.proc.pid
         self.stopped: dict[str, Any] | None = None
@@ -105,13 +104,12 @@ class Pipeline:
 
     def cdc(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "cdc", *args],
+            dying_with_parent([sys.executable, "-m", "cdc", *args]),
             cwd=ROOT,
             env=self.pipeline_env(),
             capture_output=True,
             text=True,
             timeout=timeout,
-            preexec_fn=die_with_parent(),
         )
 
     def set_up(self) -> None:

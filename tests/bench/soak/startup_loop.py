@@ -38,7 +38,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from tests.bench.measure import Watermarks
 from tests.bench.soak import PARTITIONS, ROOT, WARM_UP_ROWS
 from tests.bench.soak.sampling import LatencyHistograms
-from tests.children import crash_dumps, die_with_parent
+from tests.children import crash_dumps, dying_with_parent
 from tests.faults.offset_fetch_crash import admin_committed
 from tests.kafka_admin import committed_offsets, create_topics, delete_groups, delete_topics_with_prefix
 
@@ -96,10 +96,9 @@ def one_start(bootstrap: str, n: int, log_dir: Path, errors: dict[str, int], adm
     log = open(log_dir / f"{run}.log", "wb")  # noqa: SIM115 - closed below
     try:
         producer = subprocess.Popen(
-            [sys.executable, "-c", PRODUCER, bootstrap, topic, str(WARM_UP_ROWS)],
+            dying_with_parent([sys.executable, "-c", PRODUCER, bootstrap, topic, str(WARM_UP_ROWS)]),
             stdout=log,
             stderr=log,
-            preexec_fn=die_with_parent(),
         )
         children.append(producer)
         latency = LatencyHistograms(bootstrap, topic, f"soak-{run}-latency")
@@ -108,10 +107,9 @@ def one_start(bootstrap: str, n: int, log_dir: Path, errors: dict[str, int], adm
             raise RuntimeError(f"the latency consumer did not start: {latency.errors}")
         children.append(
             subprocess.Popen(
-                [sys.executable, "-c", CONSUMER, bootstrap, group, topic],
+                dying_with_parent([sys.executable, "-c", CONSUMER, bootstrap, group, topic]),
                 stdout=log,
                 stderr=log,
-                preexec_fn=die_with_parent(),
             )
         )
         offsets = Watermarks(admin, topic, PARTITIONS)

@@ -85,8 +85,12 @@ def test_emit_writes_the_active_spans_context_into_the_row_and_it_reaches_kafka(
     proc = pipeline_process()
     proc.wait_streaming()
     records = {r.headers["id"].decode(): r for r in consume(outbox.topic("order"), 3, timeout=30)}
-    assert records[str(traced)].headers["traceparent"] == expected.encode()
-    assert records[str(own)].headers["traceparent"] == TRACEPARENT.encode()
+    # The relay's `send` span (tracing = row-context-only, the default) is the row's context's child: the
+    # record carries the same trace and flags, and the span's own id in place of the request's.
+    for event_id, row_context in ((traced, expected), (own, TRACEPARENT)):
+        version, trace_id, span_id, flags = records[str(event_id)].headers["traceparent"].decode().split("-")
+        assert (version, trace_id, flags) == tuple(row_context.split("-")[i] for i in (0, 1, 3))
+        assert span_id != row_context.split("-")[2] and len(span_id) == 16
     assert "traceparent" not in records[str(plain)].headers
     assert proc.terminate() == 0
 
@@ -153,7 +157,11 @@ def test_the_debezium_preset_reads_the_tracingspancontext_column(
     proc = pipeline_process(**debezium_outbox)
     proc.wait_streaming()
     records = {r.headers["id"].decode(): r for r in consume(outbox.topic("order"), 2, timeout=30)}
-    assert records[str(ids[0])].headers["traceparent"] == TRACEPARENT.encode()
+    # The relay's `send` span continues the column's trace: its id in place of the request's span id, the
+    # same trace, flags and tracestate.
+    version, trace_id, span_id, flags = records[str(ids[0])].headers["traceparent"].decode().split("-")
+    assert [version, trace_id, flags] == [TRACEPARENT.split("-")[i] for i in (0, 1, 3)]
+    assert span_id != TRACEPARENT.split("-")[2]
     assert records[str(ids[0])].headers["tracestate"] == b"rojo=00f067aa0ba902b7"
     assert "traceparent" not in records[str(ids[1])].headers
     assert proc.terminate() == 0

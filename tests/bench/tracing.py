@@ -18,6 +18,7 @@ LogAppendTime, CPU µs per event of the relay's process.
 from __future__ import annotations
 
 import os
+import statistics
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import NewTopic
@@ -52,50 +53,57 @@ $fn$;
 
 
 def tracing_phase(bench: Bench, events: int) -> dict[str, Any]:
-    """The three passes; their rates and CPU, and each one's against ``off``."""
+    """The three passes; their rates and CPU, and each one's against ``off``. With ``--repeat N``, ``off``
+    and ``1%`` are drained N times each, in alternating order, from slots made before one fill: their
+    figures are the medians (each run's are kept), as the machine's noise is larger than what 1 % costs."""
     rows = bench.args.rows_per_txn
+    repeat = max(1, bench.args.repeat)
     events -= events % rows
     exporter = "jaeger" if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none"
     with db.connect(bench.bench_dsn) as conn:
         conn.execute(TRACED_FILL.replace("{count}", str(db.PAYLOADS)))
-    slots = {name: f"bench_{bench.run_id}_trace_{name.rstrip('%')}" for name, _, _ in PASSES}
-    runs: dict[str, dict[str, Any]] = {}
+    modes = {n: m for n, m, _ in PASSES}
+    drained: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
     # off and 1% read the same fill (1 row in 100 sampled); 100% a fill of its own, made after the first
-    # two slots were drained and dropped, so that its slot reads it alone.
-    for group, every in ((("off", "1%"), 100), (("100%",), 1)):
+    # two passes' slots were drained and dropped, so that its slot reads it alone.
+    for group, every, times in ((("off", "1%"), 100, repeat), (("100%",), 1, 1)):
+        order = [(name, i) for i in range(times) for name in (group if i % 2 == 0 else group[::-1])]
+        slots = {(name, i): f"bench_{bench.run_id}_trace_{name.rstrip('%')}_{i}" for name, i in order}
         with db.connect(bench.bench_dsn) as conn:
-            for name in group:
-                db.create_slot(conn, slots[name])
+            for slot in slots.values():
+                db.create_slot(conn, slot)
         target = _fill(bench, events, rows, every)
-        for name in group:
-            mode = dict((n, m) for n, m, _ in PASSES)[name]
-            runs[name] = {
-                "tracing": mode,
-                "sampled_every": every,
-                **_drain(bench, name, mode, slots[name], events, target, exporter),
-            }
-        with db.connect(bench.admin_dsn) as admin:
-            for name in group:
-                db.drop_slots(admin, "slot_name", slots[name])
+        for name, i in order:
+            run = _drain(bench, name, modes[name], slots[name, i], events, target, exporter, i)
+            drained[name].append(run)
+            with db.connect(bench.admin_dsn) as admin:
+                db.drop_slots(admin, "slot_name", slots[name, i])
+    runs: dict[str, dict[str, Any]] = {}
+    for name, done in drained.items():
+        runs[name] = {"tracing": modes[name], "sampled_every": 1 if name == "100%" else 100}
+        for key in ("events_per_s", "cpu_us_per_event"):
+            values = [run.get(key) for run in done if run.get(key)]
+            runs[name][key] = round(statistics.median(values), 2) if values else None
+            runs[name][f"{key}_runs"] = [run.get(key) for run in done]
     off = runs["off"]
     for run in runs.values():
         run["events_per_s_of_off"] = _ratio(run.get("events_per_s"), off.get("events_per_s"))
         run["cpu_of_off"] = _ratio(run.get("cpu_us_per_event"), off.get("cpu_us_per_event"))
-    return {"events": events, "exporter": exporter, "runs": runs}
+    return {"events": events, "exporter": exporter, "repeat": repeat, "runs": runs}
 
 
 def _drain(
-    bench: Bench, name: str, mode: str, slot: str, events: int, target: int, exporter: str
+    bench: Bench, name: str, mode: str, slot: str, events: int, target: int, exporter: str, i: int
 ) -> dict[str, Any]:
     a = bench.args
-    topic_prefix = f"bench.{bench.run_id}.trace-{name.rstrip('%')}"
+    topic_prefix = f"bench.{bench.run_id}.trace-{name.rstrip('%')}-{i}"
     topic = f"{topic_prefix}.order"
     bench.create_topics([NewTopic(topic, a.partitions, replication_factor=1, config=_APPENDED)])
     env = {"CDC_TRACING": mode, "OTEL_SERVICE_NAME": "cdc-bench", "OTEL_BSP_MAX_QUEUE_SIZE": "65536"}
     if exporter == "none":
         env["OTEL_TRACES_EXPORTER"] = "none"
     bench.progress("tracing", f"{name}: draining {events:,} events (tracing = {mode})")
-    proc = bench.start_pipeline(slot, f"trace-{name.rstrip('%')}", topic_prefix=topic_prefix, extra=env)
+    proc = bench.start_pipeline(slot, f"trace-{name.rstrip('%')}-{i}", topic_prefix=topic_prefix, extra=env)
     measured = measure_drain(
         proc,
         kafka_admin=bench.kafka_admin,
@@ -146,14 +154,17 @@ def lines(result: dict[str, Any]) -> list[str]:
     """The phase's summary for the report."""
     if not result:
         return []
+    repeat = result.get("repeat", 1)
+    medians = f"; off and 1% drained {repeat} times each, medians:" if repeat > 1 else ":"
     out = [
         f"TRACING        {result['events']:,} events with a traceparent per pass, spans exported to "
-        f"{result['exporter']}:"
+        f"{result['exporter']}{medians}"
     ]
     for name, run in result["runs"].items():
+        each = run.get("cpu_us_per_event_runs") or []
         out.append(
-            f"               {name:>5} ({run['tracing']}): {run.get('events_per_s') or 0:>9,} events/s "
+            f"               {name:>5} ({run['tracing']}): {run.get('events_per_s') or 0:>9,.0f} events/s "
             f"({run.get('events_per_s_of_off')} of off), {run.get('cpu_us_per_event')} CPU µs/event "
-            f"({run.get('cpu_of_off')} of off)"
+            f"({run.get('cpu_of_off')} of off)" + (f", runs {each}" if len(each) > 1 else "")
         )
     return out

@@ -231,7 +231,7 @@ class Sessions:
         )
         if first:
             settle_partitioner(s, accept_change=self._accept_partitioner_change)
-        self._loop.reset()
+        self._loop.reset(server_version=info.server_version)
         if first and info.server_version < 140000:
             log.warning(
                 "PostgreSQL %d: pgoutput cannot carry logical messages before 14, so events emitted with "

@@ -83,10 +83,12 @@ class StreamLoop:
     def in_transaction(self) -> bool:
         return self._txn is not None
 
-    def reset(self) -> None:
-        """A new session: no source transaction is open."""
+    def reset(self, *, server_version: int) -> None:
+        """A new session: no source transaction is open. Before PostgreSQL 14, pgoutput carries no logical
+        message: the heartbeat is followed by keepalive."""
         self._txn = None
         self._emitter.end()
+        self._heartbeat.by_keepalive = server_version < 140000
 
     def run(self, source: ReplicationSource) -> None:
         life, tracker, router, publisher = self._life, self._acks.tracker, self._router, self._publisher

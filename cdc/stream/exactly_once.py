@@ -43,6 +43,7 @@ from cdc.stream.transactions import (
     database_of,
     transactional_id,
 )
+from cdc.stream.waits import StopRequested
 
 log = logging.getLogger("cdc.pipeline")
 
@@ -255,7 +256,7 @@ class ExactlyOnce:
                 ktx.last_end_lsn, ktx.last_commit_us, server.system_id, server.timeline, ktx.last_xid
             )
             value = checkpoint.encode(slot, database=database_of(s))
-            sink.produce_checkpoint(s.checkpoint_topic, slot.key, value, self._keep_alive)
+            sink.produce_checkpoint(s.checkpoint_topic, slot.key, value, self._committing)
         deadline = time.monotonic() + s.delivery_timeout
         left = self._shutdown_left()
         if left is not None:  # stopping: within shutdown_timeout
@@ -268,7 +269,7 @@ class ExactlyOnce:
                 err = exc.args[0] if exc.args else None
                 retry = isinstance(err, KafkaError) and err.retriable() and not err.txn_requires_abort()
                 if retry and time.monotonic() < deadline:
-                    self._keep_alive()
+                    self._committing()
                     continue
                 self._abort(self._classify(exc, "commit"))
         ktx.open = False
@@ -279,6 +280,18 @@ class ExactlyOnce:
         if checkpoint is not None:
             self.checkpoint = checkpoint
         self._safe_lsn = max(self._safe_lsn, ktx.last_end_lsn)
+
+    def _committing(self) -> None:
+        """While the checkpoint waits for room and the commit is retried. Streaming: keep the slot's
+        connection alive (which ends the wait when a stop is requested: the shutdown commits again). Stopping:
+        go on within shutdown_timeout, and only then give up; a transaction left open would hold every
+        read_committed reader of its partitions, the shared checkpoint topic's included, until
+        transaction.timeout.ms."""
+        left = self._shutdown_left()
+        if left is None:
+            self._keep_alive()
+        elif left <= 0:
+            raise StopRequested
 
     def _classify(self, exc: KafkaException, what: str) -> DeliveryError:
         ktx = self._ktx
@@ -295,12 +308,21 @@ class ExactlyOnce:
         self.drop()
         if isinstance(reason, ProducerFencedError):
             raise reason
+        left = self._shutdown_left()
         try:
-            self._sink.abort_transaction(self._settings.delivery_timeout)
+            # Stopping: within shutdown_timeout; what is not aborted by then, the next start's producer
+            # (init_transactions with the same transactional.id) aborts.
+            timeout = self._settings.delivery_timeout if left is None else max(0.1, left)
+            self._sink.abort_transaction(timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() in FENCED:
                 raise self._classify(exc, "abort") from exc
+            if left is not None:
+                log.warning(
+                    "could not abort the Kafka transaction while stopping (%s): the next start does", exc
+                )
+                raise reason from exc
             log.warning("could not abort the Kafka transaction (%s): a new producer replaces it", exc)
             self._sink.reset()
         raise reason

@@ -303,8 +303,9 @@ class Sessions:
         self.reconnects += 1
         try:
             self._publisher.end(whole=not self._loop.in_transaction)
-        except TransactionAbortedError:
-            pass  # the publisher reads the checkpoint back; the next session starts from it
+        except TransactionAbortedError as exc:
+            # Aborted: the publisher reads the checkpoint back, and the next session starts from it.
+            log.warning("the open Kafka transaction was aborted on losing PostgreSQL: %s", exc)
         self._drain_after_loss()
         delay = self._reconnecting(str(exc))
         log.warning("PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, self._backoff.attempt)
@@ -359,7 +360,8 @@ class Sessions:
         try:
             self._publisher.end(whole=not self._loop.in_transaction)
         except (DeliveryError, StopRequested) as exc:
-            log.warning("the open Kafka transaction was not committed: %s", exc)
+            reason = str(exc) or f"shutdown_timeout ({timeout:g} s) ran out"
+            log.warning("the open Kafka transaction was not committed: %s", reason)
         if self._acks.tracker.failure is not None:
             sink.purge_queue()  # what it still holds would land behind the failed record
         left = sink.flush(self._waits.shutdown_left())

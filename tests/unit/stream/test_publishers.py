@@ -181,3 +181,77 @@ def test_at_least_once_confirms_what_kafka_acknowledged_and_ends_the_run_on_a_fa
     assert raised.value is failure
     publisher.shrink_batches("t", 50_000)
     assert emptied == [True] and sink.calls == ["shrink 50000"], "the queue empties before the swap"
+
+
+class FlakySink(FakeSink):
+    """Its first commits fail as Kafka says may be retried; its abort fails, or takes its timeout."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.abort_timeouts: list[float] = []
+        self.fail_abort = False
+
+    def commit_transaction(self, timeout: float) -> None:
+        if self.failures:
+            self.failures -= 1
+            self.calls.append("commit failed")
+            raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT, "slow", retriable=True))
+        self.calls.append("commit")
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.abort_timeouts.append(timeout)
+        self.calls.append("abort")
+        if self.fail_abort:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker gone"))
+
+
+def stopping(monkeypatch, sink: FakeSink, left: float):
+    """An exactly-once publisher of a pipeline asked to stop: its keep-alive raises StopRequested, as the
+    Confirmer's does then, and ``left`` seconds of shutdown_timeout remain."""
+    from cdc.stream.waits import StopRequested
+
+    def keep_alive() -> None:
+        raise StopRequested
+
+    monkeypatch.setattr(exactly_once_module, "read_checkpoint", lambda s, key, timeout: None)
+    acks = Acks()
+    publisher = ExactlyOnce(
+        settings(),
+        sink,  # type: ignore[arg-type]
+        acks,
+        keep_alive=keep_alive,
+        pending_failure=lambda: False,
+        shutdown_left=lambda: left,
+    )
+    publisher.start(SERVER, SLOT, first=True, confirmed=100)
+    return publisher, acks
+
+
+def test_stopping_a_retriable_commit_is_retried_within_shutdown_timeout(monkeypatch):
+    """A stop must not leave the Kafka transaction open (read_committed readers of its partitions, the
+    shared checkpoint topic's included, would wait for transaction.timeout.ms): the commit goes on."""
+    sink = FlakySink(failures=2)
+    publisher, acks = stopping(monkeypatch, sink, left=20.0)
+    txn = acks.tracker.begin(1, 200, 1_000_001)
+    publisher.begin(200)
+    txn.sent()
+    txn.delivered(None, None)
+    acks.tracker.commit(txn, 210)
+    publisher.commit(txn, 210, now=0.0, draining=False)  # one event of 3: the Kafka transaction stays open
+    publisher.end(whole=True)
+    assert sink.calls == ["init", "begin", "checkpoint", "commit failed", "commit failed", "commit"]
+    assert publisher.confirmable(acks.tracker.confirmed_lsn) == 210
+    assert (publisher.commits, publisher.aborts) == (1, 0)
+
+
+def test_stopping_an_abort_takes_no_longer_than_shutdown_timeout_and_no_new_producer(monkeypatch):
+    sink = FlakySink(failures=0)
+    sink.fail_abort = True
+    publisher, acks = stopping(monkeypatch, sink, left=3.5)
+    acks.tracker.begin(1, 200, 1_000_001).sent()
+    publisher.begin(200)
+    with pytest.raises(TransactionAbortedError):
+        publisher.end(whole=False)  # a source transaction cut short by the stop
+    assert sink.abort_timeouts == [3.5]
+    assert "reset" not in sink.calls, "no init_transactions of a new producer while stopping"

@@ -1,4 +1,4 @@
-"""cdc.stream.stream_loop: what a new session sets (pure: the loop's parts are stand-ins, no stream is read)."""
+"""cdc.stream.stream_loop: what a new session sets (pure: the parts are stand-ins, no stream is read)."""
 
 from __future__ import annotations
 

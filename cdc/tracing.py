@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -262,7 +263,7 @@ def start(mode: str, *, service_name: str = INSTRUMENTATION) -> Tracing | None:
         "tracing: %s, service %s, exporting to %s, sampler %s",
         mode,
         resource.attributes.get(SERVICE_NAME),
-        _endpoint() if exporter is not None else "nowhere (OTEL_TRACES_EXPORTER=none)",
+        _shown(_endpoint()) if exporter is not None else "nowhere (OTEL_TRACES_EXPORTER=none)",
         os.environ.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on",
     )
     return Tracing(mode, provider, processor)
@@ -323,6 +324,21 @@ def _endpoint() -> str:
         return traces
     base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
     return base.rstrip("/") + "/v1/traces"
+
+
+def _shown(url: str) -> str:
+    """The endpoint for the log: its scheme, host, port and path; a user, password or query (where
+    collectors' tokens go) left out."""
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an endpoint that does not parse)"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    secret = parts.username or parts.password or parts.query
+    hidden = " (its credentials and query not shown)" if secret else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}{hidden}"
 
 
 def _exporter() -> SpanExporter | None:

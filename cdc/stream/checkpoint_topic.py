@@ -82,7 +82,10 @@ def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoin
     """The latest committed checkpoint under ``key``, or None when there is none, its last record is a
     tombstone (`cdc teardown`, `cdc recover`), or there is no topic yet. Bounded by ``timeout``."""
     topic = settings.checkpoint_topic
-    consumer = _checkpoint_consumer(settings)
+    try:
+        consumer = _checkpoint_consumer(settings)
+    except KafkaException as exc:
+        raise SinkError(f"reading the checkpoint topic {topic}: {exc}") from exc
     deadline = time.monotonic() + timeout
     found = _Found()
     try:

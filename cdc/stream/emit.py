@@ -163,8 +163,8 @@ class Emitter:
         except ProducerStoppedError:
             self._fail()
         except EventTooLargeError as exc:
-            if span is not None:
-                span.end()  # its record never went: the dead letter's span says why
+            if span is not None and spans is not None:
+                spans.not_sent(span, exc.reason)  # the dead letter's own span says where it went
             self._dead_letters.event(event_from_fields(fields), exc, topic)
             return
         # Counted once handed over: its delivery report can only come from a later poll().

@@ -303,9 +303,9 @@ class Sessions:
         self.reconnects += 1
         try:
             self._publisher.end(whole=not self._loop.in_transaction)
-        except TransactionAbortedError as exc:
+        except TransactionAbortedError as aborted:
             # Aborted: the publisher reads the checkpoint back, and the next session starts from it.
-            log.warning("the open Kafka transaction was aborted on losing PostgreSQL: %s", exc)
+            log.warning("the open Kafka transaction was aborted on losing PostgreSQL: %s", aborted)
         self._drain_after_loss()
         delay = self._reconnecting(str(exc))
         log.warning("PostgreSQL: %s; reconnecting in %.1f s (attempt %d)", exc, delay, self._backoff.attempt)

@@ -22,6 +22,7 @@ export runs on the SDK's own thread, bounded, and a lost span is counted, never 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,6 +33,7 @@ from cdc.trace_context import TRACEPARENT, find_context, is_sampled, remote_cont
 from cdc.tracing import Tracing
 
 Span = Any  # opentelemetry.trace.Span: the SDK is an optional extra
+log = logging.getLogger("cdc.tracing")
 
 
 class RelaySpans:
@@ -92,16 +94,25 @@ class RelaySpans:
         ends = self._track(span)
 
         def report(err: Any, msg: Any) -> None:
-            if err is None:
-                span.set_attribute("messaging.destination.partition.id", str(msg.partition()))
-                span.set_attribute("messaging.kafka.offset", msg.offset())
-            else:
-                span.set_status(Status(StatusCode.ERROR, f"not delivered: {err}"))
-            if ends:
-                span.end()
+            try:
+                if err is None:
+                    span.set_attribute("messaging.destination.partition.id", str(msg.partition()))
+                    span.set_attribute("messaging.kafka.offset", msg.offset())
+                else:
+                    span.set_status(Status(StatusCode.ERROR, f"not delivered: {err}"))
+                if ends:
+                    span.end()
+            except Exception:  # noqa: BLE001 - a span must never cost the record's acknowledgement
+                _span_failed()
             on_delivery(err, msg)
 
         return report
+
+    def not_sent(self, span: Span, reason: str) -> None:
+        """The record was never handed to Kafka (too large: it is dead-lettered): its span ends now, with
+        the reason. Exactly once, the Kafka transaction's end skips it (:func:`end_all`)."""
+        span.set_status(Status(StatusCode.ERROR, f"not sent: {reason}"))
+        span.end()
 
     def dead_lettered(
         self, row_headers: Headers, dlq_topic: str, event_id: str, reason: str, commit_time_us: int
@@ -136,10 +147,23 @@ def end_all(spans: list[Span], *, committed: bool) -> None:
     """The spans of a Kafka transaction's records, ended with it: committed, or aborted (their records will
     never be read by a read_committed consumer)."""
     for span in spans:
+        if getattr(span, "end_time", None) is not None:
+            continue  # ended already: its record was never sent (RelaySpans.not_sent)
         if not committed:
             span.set_status(Status(StatusCode.ERROR, "the Kafka transaction was aborted"))
         span.end()
     spans.clear()
+
+
+_failures = 0
+
+
+def _span_failed() -> None:
+    """OpenTelemetry's SDK raised while a span was noted: said once (with its stack), counted after."""
+    global _failures
+    _failures += 1
+    if _failures == 1:
+        log.exception("tracing: noting a delivery on its span failed (said once; the event goes on)")
 
 
 def _text(value: bytes | str | None) -> str:

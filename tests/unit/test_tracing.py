@@ -137,3 +137,17 @@ def test_without_opentelemetry_tracing_is_off_and_the_rest_works():
         "tracing is off: OpenTelemetry's SDK is not installed (pip install 'outbox-cdc[otel]')" in done.stdout
     )
     assert done.stdout.rstrip().endswith("ok")
+
+
+def test_the_endpoints_credentials_and_query_never_reach_the_log(clean_env, caplog):
+    """A collector's token goes in the endpoint's userinfo or query (or OTEL_EXPORTER_OTLP_HEADERS, never
+    logged): the start's line names the endpoint without them."""
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://relay:s3cret-token@otel.example.com:4318?key=k3y")
+    with caplog.at_level("INFO", logger="cdc.tracing"):
+        started = tracing.start("row-context-only")
+    assert started is not None
+    started.shutdown(timeout=0.5)
+    assert "exporting to https://otel.example.com:4318" in caplog.text
+    assert "(its credentials and query not shown)" in caplog.text
+    assert "s3cret" not in caplog.text and "k3y" not in caplog.text and "relay:" not in caplog.text

@@ -113,3 +113,32 @@ def test_a_dead_letters_span_says_the_reason(exporter):
     assert done.status.status_code is StatusCode.ERROR and "schema_not_found" in done.status.description
     assert dict(done.attributes)["cdc.dead_letter_reason"] == "schema_not_found"
     assert dict(headers)["traceparent"] != SAMPLED, "the dead letter carries its own span's context"
+
+
+def test_a_record_never_sent_ends_its_span_once_with_the_reason(exporter, caplog):
+    """Too large for Kafka: dead-lettered before it was sent. Exactly once, its span was already held for
+    the Kafka transaction's end, which must not end it a second time (the SDK warns at each)."""
+    spans, held = relay(exporter, ends_at_ack=False)
+    span, _ = start(spans, [("traceparent", SAMPLED)])
+    spans.delivered(span, lambda err, msg: None)  # held for the transaction, then the produce refused it
+    spans.not_sent(span, "too_large")
+    end_all(held, committed=True)
+    [done] = exporter.get_finished_spans()
+    assert done.status.status_code is StatusCode.ERROR and done.status.description == "not sent: too_large"
+    assert "ended span" not in caplog.text
+
+
+def test_a_span_that_fails_never_costs_the_acknowledgement(exporter, caplog):
+    spans, _ = relay(exporter)
+    span, _ = start(spans, [("traceparent", SAMPLED)])
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("an SDK bug")
+
+    span.set_attribute = broken  # type: ignore[method-assign]
+    reported = []
+    report = spans.delivered(span, lambda err, msg: reported.append(msg.offset()))
+    report(None, Msg())
+    report(None, Msg())
+    assert reported == [41, 41]
+    assert caplog.text.count("noting a delivery on its span failed") == 1

@@ -143,7 +143,9 @@ def test_the_endpoints_credentials_and_query_never_reach_the_log(clean_env, capl
     """A collector's token goes in the endpoint's userinfo or query (or OTEL_EXPORTER_OTLP_HEADERS, never
     logged): the start's line names the endpoint without them."""
     clean_env.setenv("OTEL_TRACES_EXPORTER", "otlp")
-    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://relay:s3cret-token@otel.example.com:4318?key=k3y")
+    clean_env.setenv(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "https://relay:s3cret-token@otel.example.com:4318?key=k3y"
+    )
     with caplog.at_level("INFO", logger="cdc.tracing"):
         started = tracing.start("row-context-only")
     assert started is not None

@@ -98,9 +98,11 @@ def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoin
         metadata = ask(describe, what=f"metadata of {topic}", bound=timeout)
         if metadata is None or metadata.error is not None or not metadata.partitions:
             return None
+        partitions = sorted(metadata.partitions)
+        _wait_for_open_transactions(settings, consumer, topic, partitions, deadline, timeout)
         # Per partition: (lowest offset, where the window ends) still to read below what was read.
         todo: dict[int, tuple[int, int | None]] = {}
-        for p in metadata.partitions:
+        for p in partitions:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, p), timeout=max(0.1, deadline - time.monotonic())
             )
@@ -137,6 +139,54 @@ def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoin
     if found.record is None or found.record[3] is None:
         return None
     return Checkpoint.decode(found.record[3])
+
+
+def _wait_for_open_transactions(
+    settings: Settings, consumer: Consumer, topic: str, partitions: list[int], deadline: float, timeout: float
+) -> None:
+    """Until every transaction with a record below each partition's end (as written now, committed or not)
+    has ended. A read_committed read stops at the first record of a transaction still open (the last stable
+    offset): a pipeline stopped between its checkpoint and its commit leaves one, until Kafka aborts it
+    (transaction.timeout.ms), and every checkpoint committed after it, this slot's latest among them, stays
+    hidden. Read then, an older checkpoint would publish again what was committed. Transactions of live
+    pipelines end within milliseconds of their checkpoint record (it is produced just before the commit)."""
+    ends = _written_ends(settings, topic, partitions, max(0.1, deadline - time.monotonic()))
+    while True:
+        behind = {}
+        for p in partitions:
+            stable = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=max(0.1, deadline - time.monotonic()), cached=False
+            )[1]
+            if stable < ends[p]:
+                behind[p] = stable
+        if not behind:
+            return
+        if time.monotonic() > deadline:
+            where = ", ".join(f"partition {p} from offset {o}" for p, o in sorted(behind.items()))
+            raise SinkError(
+                f"the checkpoint topic {topic} holds a Kafka transaction left open ({where}) for more than "
+                f"{timeout:g} s: a pipeline that shares it stopped between its checkpoint and its commit. "
+                "Checkpoints committed after it cannot be read until Kafka aborts it (its producer's "
+                "transaction.timeout.ms) or that pipeline starts again; starting now could publish again "
+                "what was committed"
+            )
+        time.sleep(0.1)
+
+
+def _written_ends(settings: Settings, topic: str, partitions: list[int], timeout: float) -> dict[int, int]:
+    """Each partition's high watermark, uncommitted records included: a read_committed consumer's is the
+    last stable offset."""
+    conf: dict[str, Any] = admin_config(settings)
+    conf.update({"group.id": f"{CHECKPOINT_GROUP_PREFIX}{uuid.uuid4().hex}", "logger": log})
+    conf["isolation.level"] = "read_uncommitted"
+    uncommitted = Consumer(conf)
+    try:
+        return {
+            p: uncommitted.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]
+            for p in partitions
+        }
+    finally:
+        uncommitted.close()
 
 
 def _read_windows(

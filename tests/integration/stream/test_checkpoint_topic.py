@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
+from cdc.errors import SinkError
 from cdc.stream import checkpoint_topic
 from cdc.stream.checkpoint_topic import CHECKPOINT_TOPIC_CONFIG, read_checkpoint
 from cdc.stream.identity import SlotIdentity
@@ -98,3 +100,29 @@ def test_a_record_under_the_key_that_is_no_checkpoint_is_ignored_and_said(topic,
         assert read_checkpoint(settings, SLOT.key, timeout=30).end_lsn == 100
     warnings = [r.getMessage() for r in caplog.records if "no checkpoint" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("2 records"), warnings
+
+
+def test_a_transaction_left_open_by_another_pipeline_never_hides_the_latest_checkpoint(
+    topic, kafka_bootstrap, unique_name
+):
+    """Another pipeline sharing the topic stopped between its checkpoint and its commit: its transaction
+    stays open, and a read_committed read stops at its first record (the last stable offset), before this
+    slot's latest checkpoint. The read waits for it to end, within its bound; it never takes the older
+    checkpoint (which would publish again what was committed)."""
+    settings, write = topic
+    write([(SLOT.key, checkpoint(100))])
+    other = Producer({**client_config(kafka_bootstrap), "transactional.id": unique_name("other-pipeline")})
+    other.init_transactions(30)
+    other.begin_transaction()
+    other.produce(settings.checkpoint_topic, checkpoint(7), b"7412/other@0/1")
+    assert other.flush(30) == 0
+    write([(SLOT.key, checkpoint(200))])  # committed after the other one's record: past the stable offset
+    with pytest.raises(SinkError, match="holds a Kafka transaction left open") as hidden:
+        read_checkpoint(settings, SLOT.key, timeout=3)
+    assert "from offset 1" in str(hidden.value)
+    ended = threading.Timer(1.0, lambda: other.abort_transaction(30))
+    ended.start()
+    try:
+        assert read_checkpoint(settings, SLOT.key, timeout=30).end_lsn == 200
+    finally:
+        ended.join()

@@ -85,6 +85,9 @@ def tracing_phase(bench: Bench, events: int) -> dict[str, Any]:
             values = [run.get(key) for run in done if run.get(key)]
             runs[name][key] = round(statistics.median(values), 2) if values else None
             runs[name][f"{key}_runs"] = [run.get(key) for run in done]
+        # Every pass must have read all its events: the fewest any pass saw stands for them all.
+        for key in ("records", "distinct_event_ids"):
+            runs[name][key] = min((run.get(key) or 0) for run in done)
     off = runs["off"]
     for run in runs.values():
         run["events_per_s_of_off"] = _ratio(run.get("events_per_s"), off.get("events_per_s"))

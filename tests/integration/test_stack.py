@@ -9,6 +9,7 @@ import shutil
 import ssl
 import subprocess
 import tempfile
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -279,7 +280,14 @@ def test_the_stack_starts_a_secure_three_broker_cluster_from_a_checkout_postgres
         )
         topic = f"cdc_cluster_{uuid.uuid4().hex[:8]}"
         create_topics(admin, [NewTopic(topic, num_partitions=3)])
-        metadata = admin.list_topics(topic, timeout=30).topics[topic]
+        # The broker that answers may learn the new topic's partitions from the controller a moment after
+        # the creation returned: asked again, within a bound, until it knows them.
+        deadline = time.monotonic() + 30
+        while True:
+            metadata = admin.list_topics(topic, timeout=30).topics[topic]
+            if len(metadata.partitions) == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert [len(p.replicas) for p in metadata.partitions.values()] == [3, 3, 3]
         resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
         described = settled(

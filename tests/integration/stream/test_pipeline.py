@@ -33,6 +33,7 @@ from tests.plugins.pipeline import (
     topic_size,
     wait_until,
 )
+from tests.traces import continues
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -153,6 +154,9 @@ def test_committed_events_arrive_with_their_record_format_rolled_back_never(
             }
             assert set(h) == expected_headers
             for key, value in row_headers.items():
+                if key == "traceparent":
+                    assert continues(h[key], value), h[key]
+                    continue
                 assert h[key] == (value if isinstance(value, str) else str(value)).encode()
             event_type, version, payload = decode_value(store, record.value)
             assert (event_type, version) == (event.event_type, event.schema_version)
@@ -410,7 +414,7 @@ def test_invalid_payload_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
     assert h["event_type"] == b"OrderPlaced"
     assert h["schema_version"] == b"1"
     assert h["aggregate_type"] == b"order"
-    assert h["traceparent"] == TRACEPARENT.encode()
+    assert continues(h["traceparent"], TRACEPARENT), h["traceparent"]
     assert record.key == b"agg-1"
     assert json.loads(record.value) == bad.payload
     # Guarantee 8: the payload's value is in the dead letter, but never in an error or a log line.

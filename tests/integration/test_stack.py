@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -26,7 +28,7 @@ from psycopg import sql
 
 from tests.kafka_admin import create_topics, settled
 from tests.plugins.kafka import client_config
-from tests.plugins.pipeline import free_port, port_open
+from tests.plugins.pipeline import free_port
 from tests.plugins.registry import registry_client_config, registry_get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,12 +228,25 @@ def test_the_stack_starts_another_version_and_a_standby_from_a_checkout_postgres
 
 
 def _free_port_block(span: int) -> int:
-    """A port P with P .. P + span free (the cluster's brokers take P, P + 10, P + 20 and each + 5)."""
-    for _ in range(50):
-        base = free_port()
-        if base + span < 65535 and not any(port_open(base + i) for i in range(0, span + 1, 5)):
+    """A port P with P .. P + span free (the cluster's brokers take P, P + 10, P + 20 and each + 5), below the
+    kernel's ephemeral range: a port taken there with free_port() can be a client socket's local port a
+    moment later (a broker once failed to bind one of its listeners so)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    for _ in range(200):
+        base = random.randrange(20_000, ephemeral - span - 1)
+        if all(_bindable(base + i) for i in range(span + 1)):
             return base
     raise AssertionError("no block of free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _stack_env(path: Path) -> dict[str, str]:
@@ -250,10 +265,11 @@ def test_the_stack_starts_a_secure_three_broker_cluster_from_a_checkout_postgres
         **{k: v for k, v in os.environ.items() if not k.startswith("CDC_")},
         "CDC_STACK_SECURE": "1",
         "CDC_STACK_KAFKA_BROKERS": "3",
-        "CDC_STACK_PG_PORT": str(free_port()),
-        "CDC_STACK_KAFKA_PORT": str(_free_port_block(25)),
-        "CDC_STACK_KAFKA_CONTROLLER_PORT": str(free_port()),
-        "CDC_STACK_REGISTRY_PORT": str(free_port()),
+        # One block for all: the brokers' P .. P + 25, then the controller, the registry and PostgreSQL.
+        "CDC_STACK_KAFKA_PORT": str(base := _free_port_block(34)),
+        "CDC_STACK_KAFKA_CONTROLLER_PORT": str(base + 30),
+        "CDC_STACK_REGISTRY_PORT": str(base + 32),
+        "CDC_STACK_PG_PORT": str(base + 34),
     }
     with private_checkout(env) as (_, checkout, script):
         done = subprocess.run(["bash", script, "up"], env=env, capture_output=True, text=True, timeout=900)

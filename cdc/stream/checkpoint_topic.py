@@ -102,12 +102,28 @@ def read_checkpoint(settings: Settings, key: bytes, timeout: float) -> Checkpoin
         _wait_for_open_transactions(settings, consumer, topic, partitions, deadline, timeout)
         # Per partition: (lowest offset, where the window ends) still to read below what was read.
         todo: dict[int, tuple[int, int | None]] = {}
+        ends: dict[int, int] = {}
         for p in partitions:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, p), timeout=max(0.1, deadline - time.monotonic())
             )
+            ends[p] = high
             if high > low:
                 todo[p] = (low, None)
+        if not todo:
+            # Nothing to read, but a fetch is what asks Kafka for Read on the topic and Describe on the
+            # reader's group: one at the end, so that a missing right refuses this start, not a later one.
+            _read_windows(
+                consumer,
+                settings,
+                topic,
+                key,
+                ends,
+                {p: (e, None) for p, e in ends.items()},
+                found,
+                deadline,
+                timeout,
+            )
         window = FIRST_WINDOW
         while todo:
             starts = {}

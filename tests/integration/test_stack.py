@@ -234,7 +234,7 @@ def _free_port_block(span: int) -> int:
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral = int(f.read().split()[0])
     for _ in range(200):
-        base = random.randrange(20_000, ephemeral - span - 1)
+        base = random.randrange(20_000, max(ephemeral - span - 1, 20_001))
         if all(_bindable(base + i) for i in range(span + 1)):
             return base
     raise AssertionError("no block of free ports")

@@ -43,13 +43,13 @@ FIRST_WINDOW = 1_000  # records read back from the end of each partition at firs
 WINDOW_GROWTH = 16
 
 
-def _checkpoint_consumer(settings: Settings) -> Consumer:
+def _checkpoint_consumer(settings: Settings, *, isolation: str = "read_committed") -> Consumer:
     conf: dict[str, Any] = admin_config(settings)  # the connection and security settings
     conf.update(
         {
             "group.id": f"{CHECKPOINT_GROUP_PREFIX}{uuid.uuid4().hex}",
             "enable.auto.commit": False,
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.partition.eof": True,
             "logger": log,
         }
@@ -192,10 +192,7 @@ def _wait_for_open_transactions(
 def _written_ends(settings: Settings, topic: str, partitions: list[int], timeout: float) -> dict[int, int]:
     """Each partition's high watermark, uncommitted records included: a read_committed consumer's is the
     last stable offset."""
-    conf: dict[str, Any] = admin_config(settings)
-    conf.update({"group.id": f"{CHECKPOINT_GROUP_PREFIX}{uuid.uuid4().hex}", "logger": log})
-    conf["isolation.level"] = "read_uncommitted"
-    uncommitted = Consumer(conf)
+    uncommitted = _checkpoint_consumer(settings, isolation="read_uncommitted")
     try:
         return {
             p: uncommitted.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]

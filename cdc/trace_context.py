@@ -25,11 +25,14 @@ try:
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 except ImportError:  # the [otel] extra is not installed
     otel_trace = None  # type: ignore[assignment]
+else:
+    _EMPTY_STATE = TraceState()  # immutable: one for every context without a tracestate
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
 __all__ = [
+    "SAMPLED_LAST",
     "TRACEPARENT",
     "TRACESTATE",
     "context_headers",
@@ -40,6 +43,7 @@ __all__ = [
     "parse_traceparent",
     "properties_context",
     "remote_context",
+    "remote_span_context",
     "replace_context",
 ]
 
@@ -50,7 +54,7 @@ TRACESTATE = "tracestate"
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[\x21-\x7e]*)?")
 _ZERO_TRACE = b"0" * 32
 _ZERO_SPAN = b"0" * 16
-_SAMPLED_LAST = frozenset(b"13579bdf")  # the last hex digit of the flags, when bit 0 (sampled) is set
+SAMPLED_LAST = frozenset(b"13579bdf")  # the last hex digit of the flags, when bit 0 (sampled) is set
 
 
 def parse_traceparent(value: bytes | str) -> tuple[int, int, int] | None:
@@ -70,7 +74,7 @@ def parse_traceparent(value: bytes | str) -> tuple[int, int, int] | None:
 def is_sampled(traceparent: bytes) -> bool:
     """Whether a row's ``traceparent`` is valid and sampled: the pipeline's test per row. An unsampled one of
     version 00 is answered by its last byte, and passes through as it came."""
-    if len(traceparent) == 55 and traceparent[54] not in _SAMPLED_LAST:
+    if len(traceparent) == 55 and traceparent[54] not in SAMPLED_LAST:
         return False
     parsed = parse_traceparent(traceparent)
     return parsed is not None and bool(parsed[2] & 1)
@@ -97,16 +101,24 @@ def remote_context(traceparent: bytes | str, tracestate: bytes | str | None = No
     """An OpenTelemetry Context whose current span is the remote parent a ``traceparent`` names (sampled or
     not: the sampler decides), to start a child span in; None when the traceparent is not valid or
     OpenTelemetry is not installed. A ``tracestate`` that does not parse is left out, as the standard says."""
+    parent = remote_span_context(traceparent, tracestate)
+    return None if parent is None else otel_trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+def remote_span_context(
+    traceparent: bytes | str, tracestate: bytes | str | None = None, *, sampled_only: bool = False
+) -> SpanContext | None:
+    """The remote parent's SpanContext that :func:`remote_context` puts in its Context; with
+    ``sampled_only``, None too when the traceparent is not sampled (the relay's test, in one parse)."""
     parsed = parse_traceparent(traceparent)
-    if parsed is None or otel_trace is None:
+    if parsed is None or otel_trace is None or (sampled_only and not parsed[2] & 1):
         return None
     trace_id, span_id, flags = parsed
-    state = TraceState()
+    state = _EMPTY_STATE
     if tracestate:
         text = tracestate.decode("utf-8", "replace") if isinstance(tracestate, bytes) else tracestate
         state = TraceState.from_header([text])
-    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags), trace_state=state)
-    return otel_trace.set_span_in_context(NonRecordingSpan(parent))
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags), trace_state=state)
 
 
 def context_headers(span: Any) -> list[tuple[str, bytes]]:
@@ -115,10 +127,11 @@ def context_headers(span: Any) -> list[tuple[str, bytes]]:
     ctx = span.get_span_context() if hasattr(span, "get_span_context") else span
     if not ctx.is_valid:
         return []
-    out = [(TRACEPARENT, format_traceparent(ctx.trace_id, ctx.span_id, ctx.trace_flags).encode())]
-    state = ctx.trace_state.to_header()
-    if state:
-        out.append((TRACESTATE, state.encode()))
+    out = [(TRACEPARENT, b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags & 0xFF))]
+    if ctx.trace_state:  # most have none: its header is not written for nothing
+        state = ctx.trace_state.to_header()
+        if state:
+            out.append((TRACESTATE, state.encode()))
     return out
 
 

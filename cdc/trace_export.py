@@ -47,15 +47,25 @@ _KEYS_KEPT = 4096  # attribute keys whose encoding is kept: a process's keys are
 def encode(spans: Sequence[Any]) -> bytes | None:
     """The request for ``spans`` (the SDK's ReadableSpans), grouped by resource and instrumentation scope in
     the order they come, as the library groups them; None when one of them needs the library's encoder."""
-    groups: dict[Any, dict[Any, list[bytes]]] = {}
+    # Grouped by the objects' identity, then by equality once per object met: a Resource's hash serialises
+    # its attributes to JSON, each time it is asked.
+    known: dict[tuple[int, int], list[bytes]] = {}
+    groups: list[tuple[Any, dict[Any, list[bytes]]]] = []
     try:
         for span in spans:
             if span.events or span.links:
                 return None
-            scope = span.instrumentation_scope or None
-            groups.setdefault(span.resource, {}).setdefault(scope, []).append(_span(span))
+            resource, scope = span.resource, span.instrumentation_scope or None
+            encoded = known.get((id(resource), id(scope)))
+            if encoded is None:
+                scopes = next((g for r, g in groups if r == resource), None)
+                if scopes is None:
+                    scopes = {}
+                    groups.append((resource, scopes))
+                encoded = known[(id(resource), id(scope))] = scopes.setdefault(scope, [])
+            encoded.append(_span(span))
         out = []
-        for resource, scopes in groups.items():
+        for resource, scopes in groups:
             body = [_message(1, _attributes(1, resource.attributes))]
             for scope, encoded in scopes.items():
                 scope_body = [_message(1, _scope(scope)), *encoded]
@@ -125,21 +135,43 @@ def _scope(scope: Any) -> bytes:
 
 
 _keys: dict[tuple[int, str], bytes] = {}
+_pairs: dict[tuple[bytes, str], bytes] = {}  # (the key's bytes, a string value): the KeyValue's bytes
+_PAIRS_KEPT = 4096
 
 
 def _attributes(field: int, attributes: Mapping[str, Any]) -> bytes:
     """Each (key, value) as a KeyValue in ``field``: the key's bytes come from :data:`_keys`."""
     parts: list[bytes] = []
+    tag = _varint(field << 3 | 2)
+    small = _SMALL
     for key, value in attributes.items():
         head = _keys.get((field, key))
         if head is None:
             if len(_keys) >= _KEYS_KEPT:
                 _keys.clear()
             head = _keys[(field, key)] = _string(1, key)
-        value_bytes = _value(value)
-        body_length = len(head) + len(value_bytes) + 1 + _varint_length(len(value_bytes))
-        parts += (_varint(field << 3 | 2), _varint(body_length), head, b"\x12", _varint(len(value_bytes)))
-        parts.append(value_bytes)
+        if type(value) is str:
+            # A relay span's attributes are mostly the same few values (the system, the topic, the event
+            # type): their whole KeyValue is kept, the rest (ids, keys, LSNs) is written each time.
+            pair = _pairs.get((head, value))
+            if pair is not None:
+                parts.append(pair)
+                continue
+            data = value.encode("utf-8")
+            n = len(data)
+            size = len(head) + 4 + n
+            if size < 128:  # the common case: every length one byte, written without a call
+                pair = b"".join((tag, small[size], head, b"\x12", small[n + 2], b"\x0a", small[n], data))
+                if len(_pairs) >= _PAIRS_KEPT:
+                    _pairs.clear()
+                _pairs[(head, value)] = pair
+                parts.append(pair)
+                continue
+            value_bytes = b"\x0a" + _varint(n) + data
+        else:
+            value_bytes = _value(value)
+        inner = b"\x12" + _varint(len(value_bytes)) + value_bytes
+        parts += (tag, _varint(len(head) + len(inner)), head, inner)
     return b"".join(parts)
 
 

@@ -11,41 +11,40 @@ Ended spans go to a BatchSpanProcessor whose queue is bounded (``OTEL_BSP_MAX_QU
 that ends a span only appends to it, and the processor's own thread exports, each request bounded by
 ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s). When the collector is slow or gone the queue fills and spans are
 dropped, never events: every lost span is counted in ``cdc_tracing_spans_dropped_total{reason}``
-(:class:`TracingCollector`, which :mod:`cdc.metrics` serves). :meth:`Tracing.shutdown` waits for the queue at
-most as long as its caller says. The W3C context of rows and records is :mod:`cdc.trace_context`'s.
+(:class:`TracingCollector`, which :mod:`cdc.metrics` serves). ``Tracing.shutdown`` waits for the queue at
+most as long as its caller says. The processor, its exporter and ``Tracing`` are :mod:`cdc.trace_processor`'s,
+imported when tracing is on. The W3C context of rows and records is :mod:`cdc.trace_context`'s.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
-import threading
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
-
-from cdc import trace_export
 from cdc.config import TRACING_MODES as MODES
 from cdc.errors import ConfigError
-
-try:
-    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-except ImportError:  # the [otel] extra is not installed: start() says tracing is off
-    SDK = False
-    SpanProcessor = SpanExporter = object  # type: ignore[misc,assignment]
-else:
-    SDK = True
+from cdc.trace_stats import STATS, SpanStats, TracingCollector
 
 if TYPE_CHECKING:
-    from opentelemetry.context import Context
-    from opentelemetry.sdk.trace import ReadableSpan, Span
-    from opentelemetry.trace import Tracer
+    from opentelemetry.sdk.trace.export import SpanExporter
 
-__all__ = ["MODES", "STATS", "SpanStats", "Tracing", "TracingCollector", "start"]
+    from cdc.trace_processor import Tracing
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is missing, or blocked
+        return False
+
+
+# Found, not imported: the SDK (about 4 MB and 40 modules) is loaded by start() only, when tracing is on.
+SDK = _installed("opentelemetry.sdk.trace")
+
+__all__ = ["MODES", "STATS", "SpanStats", "TracingCollector", "start"]
 
 log = logging.getLogger("cdc.tracing")
 
@@ -60,177 +59,6 @@ _SAMPLERS = (
     "parentbased_always_off",
     "parentbased_traceidratio",
 )
-
-
-class SpanStats:
-    """What became of the process's finished spans: plain counters under a lock, read at each scrape."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.exported = 0
-        self.dropped: dict[str, int] = {"queue_full": 0, "export_failed": 0, "shutdown": 0}
-        self.queued = 0  # in the batch queues now
-
-
-STATS = SpanStats()
-
-
-class TracingCollector(Collector):
-    """``cdc_tracing_spans_dropped_total{reason}``, ``cdc_tracing_spans_exported_total`` and
-    ``cdc_tracing_queued_spans``, for a Prometheus registry."""
-
-    def __init__(self, stats: SpanStats = STATS) -> None:
-        self.stats = stats
-
-    def collect(self) -> Iterator[Any]:
-        s = self.stats
-        dropped = CounterMetricFamily(
-            "cdc_tracing_spans_dropped",
-            "Spans lost (never events): queue_full, the collector slower than the spans come; "
-            "export_failed, the collector refused them or could not be reached; shutdown, left at exit",
-            labels=["reason"],
-        )
-        for reason, count in list(s.dropped.items()):
-            dropped.add_metric([reason], count)
-        yield dropped
-        yield CounterMetricFamily("cdc_tracing_spans_exported", "Spans the collector took", value=s.exported)
-        yield GaugeMetricFamily("cdc_tracing_queued_spans", "Spans waiting to be exported", value=s.queued)
-
-
-class Tracing:
-    """OpenTelemetry's SDK as :func:`start` set it up: :attr:`tracer` makes the spans; :attr:`mode` is the
-    ``tracing`` setting (``row-context-only`` or ``always``)."""
-
-    def __init__(self, mode: str, provider: TracerProvider, processor: _BoundedProcessor) -> None:
-        self.mode = mode
-        self.provider = provider
-        self.tracer: Tracer = provider.get_tracer(INSTRUMENTATION)
-        self._processor = processor
-        self._closed = False
-
-    def shutdown(self, timeout: float) -> None:
-        """Export what is queued, for at most ``timeout`` seconds (the caller's own shutdown bound); what is
-        left then is dropped and counted (``shutdown``). Never waits longer, even with the collector gone."""
-        if self._closed:
-            return
-        self._closed = True
-        done = threading.Event()
-
-        def close() -> None:
-            self.provider.shutdown()
-            done.set()
-
-        threading.Thread(target=close, name="cdc-tracing-shutdown", daemon=True).start()
-        if not done.wait(timeout):
-            log.warning(
-                "tracing: the collector took more than %.1f s at shutdown; its spans are dropped", timeout
-            )
-        self._processor.abandon()
-
-
-class _CountingExporter(SpanExporter):
-    """The OTLP exporter, telling the processor what left its queue and counting what the collector took.
-
-    It encodes with :mod:`cdc.trace_export` (a tenth of the library's cost, the same bytes) and hands the
-    bytes to the OTLP exporter's HTTP client, which keeps its endpoint, headers, TLS, compression, timeout
-    and retries. That client is not public API: when an exporter of another version has none, or a batch
-    holds what cdc.trace_export leaves to the library, the exporter encodes as it always does."""
-
-    def __init__(self, inner: SpanExporter, processor: _BoundedProcessor) -> None:
-        self.inner = inner
-        self.processor = processor
-        client = getattr(inner, "_client", None)
-        self._client = client if callable(getattr(client, "export", None)) else None
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not self.processor.taken(len(spans)):
-            return SpanExportResult.FAILURE  # after shutdown's bound: counted as dropped by abandon()
-        try:
-            result = self._export(spans)
-        except Exception:  # an exporter's bug must not end the export thread: the spans are counted
-            log.exception("tracing: exporting %d spans failed", len(spans))
-            result = SpanExportResult.FAILURE
-        with STATS.lock:
-            if result is SpanExportResult.SUCCESS:
-                STATS.exported += len(spans)
-            else:
-                STATS.dropped["export_failed"] += len(spans)
-        return result
-
-    def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        data = None if self._client is None else trace_export.encode(spans)
-        if data is None:
-            return self.inner.export(spans)
-        sent = self._client.export(data)  # type: ignore[union-attr]  # None was ruled out above
-        return SpanExportResult.SUCCESS if getattr(sent, "success", False) else SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.inner.force_flush(timeout_millis)
-
-
-class _BoundedProcessor(SpanProcessor):
-    """A BatchSpanProcessor whose queue is never full: a span that might not fit is dropped here, and
-    counted, before the SDK would drop one uncounted. The queue's length is what went in less what the
-    exporter took; an export takes its spans just after they leave the queue, so the count is never below
-    the real length."""
-
-    def __init__(self, exporter: SpanExporter | None, capacity: int) -> None:
-        self.capacity = capacity
-        self.abandoned = False
-        self._lock = threading.Lock()
-        self._pending = 0
-        self._batch: BatchSpanProcessor | None = None
-        if exporter is not None:
-            counting = _CountingExporter(exporter, self)
-            self._batch = BatchSpanProcessor(counting, max_queue_size=capacity)
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        batch = self._batch
-        if batch is None or span.context is None or not span.context.trace_flags.sampled:
-            return  # the SDK's processor exports sampled spans only
-        with self._lock:
-            lost = "shutdown" if self.abandoned else "queue_full" if self._pending >= self.capacity else ""
-            if not lost:
-                self._pending += 1
-        with STATS.lock:
-            if lost:
-                STATS.dropped[lost] += 1
-            else:
-                STATS.queued += 1
-        if not lost:
-            batch.on_end(span)
-
-    def taken(self, count: int) -> bool:
-        """``count`` spans left the queue for an export; False once abandoned, which counted them."""
-        with self._lock:
-            if self.abandoned:
-                return False
-            self._pending -= count
-        with STATS.lock:
-            STATS.queued -= count
-        return True
-
-    def abandon(self) -> None:
-        """After shutdown: what is still queued is lost, and counted now."""
-        with self._lock:
-            self.abandoned = True
-            left, self._pending = self._pending, 0
-        with STATS.lock:
-            STATS.queued -= left
-            STATS.dropped["shutdown"] += left
-
-    def shutdown(self) -> None:
-        if self._batch is not None:
-            self._batch.shutdown()  # type: ignore[no-untyped-call]  # untyped in the SDK
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True if self._batch is None else self._batch.force_flush(timeout_millis)
 
 
 def start(mode: str, *, service_name: str = INSTRUMENTATION) -> Tracing | None:
@@ -248,6 +76,9 @@ def start(mode: str, *, service_name: str = INSTRUMENTATION) -> Tracing | None:
         log.info("tracing is off: OpenTelemetry's SDK is not installed (pip install 'outbox-cdc[otel]')")
         return None
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from cdc.trace_processor import BoundedProcessor, Tracing
 
     _check_environment()
     exporter = _exporter()
@@ -257,7 +88,7 @@ def start(mode: str, *, service_name: str = INSTRUMENTATION) -> Tracing | None:
     # Its sampler comes from OTEL_TRACES_SAMPLER and _ARG (parentbased_always_on by default: a row's sampled
     # flag decides). No exit hook: it would wait up to 30 s for a collector that is gone.
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    processor = _BoundedProcessor(exporter, _int_env("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE))
+    processor = BoundedProcessor(exporter, _int_env("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE), STATS)
     provider.add_span_processor(processor)
     log.info(
         "tracing: %s, service %s, exporting to %s, sampler %s",
@@ -266,7 +97,7 @@ def start(mode: str, *, service_name: str = INSTRUMENTATION) -> Tracing | None:
         _shown(_endpoint()) if exporter is not None else "nowhere (OTEL_TRACES_EXPORTER=none)",
         os.environ.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on",
     )
-    return Tracing(mode, provider, processor)
+    return Tracing(mode, provider, processor, name=INSTRUMENTATION)
 
 
 def _check_environment() -> None:

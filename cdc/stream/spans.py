@@ -16,8 +16,10 @@ object is made); with ``always``, every event, a row's context or not. A span:
 - replaces the row's ``traceparent`` and ``tracestate`` in the record's headers, so that the consumer's span
   is its child.
 
-A dead-lettered event's span carries an error status and the reason. Ending a span only queues it: the
-export runs on the SDK's own thread, bounded, and a lost span is counted, never waited for.
+A dead-lettered event's span carries an error status and the reason. The spans are plain records
+(:mod:`cdc.trace_span`), sampled by the SDK's own sampler, and exported by its batch processor: ending one
+only queues it, the export runs on the processor's thread, bounded, and a lost span is counted, never waited
+for.
 """
 
 from __future__ import annotations
@@ -26,11 +28,28 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    set_span_in_context,
+)
 
 from cdc.stream.sink import DeliveryCallback, Headers
-from cdc.trace_context import TRACEPARENT, find_context, is_sampled, remote_context, replace_context
-from cdc.tracing import Tracing
+from cdc.trace_context import (
+    SAMPLED_LAST,
+    TRACEPARENT,
+    TRACESTATE,
+    find_context,
+    is_sampled,
+    remote_span_context,
+    replace_context,
+)
+from cdc.trace_processor import Tracing
+from cdc.trace_span import SpanMaker
+from cdc.tracing import INSTRUMENTATION
 
 Span = Any  # opentelemetry.trace.Span: the SDK is an optional extra
 log = logging.getLogger("cdc.tracing")
@@ -39,6 +58,8 @@ log = logging.getLogger("cdc.tracing")
 class RelaySpans:
     def __init__(self, tracing: Tracing, *, track: Callable[[Span], bool]) -> None:
         self._tracer = tracing.tracer
+        maker = SpanMaker(tracing.provider, tracing.processor.on_end, scope=INSTRUMENTATION)
+        self._maker = maker if maker.usable else None  # None: span limits the SDK's Span enforces
         self.always = tracing.mode == "always"
         self._track = track  # the publisher's: True when a span ends at its record's acknowledgement
 
@@ -66,17 +87,21 @@ class RelaySpans:
             if not self.always:
                 return None
             parent = None
-        elif not is_sampled(traceparent):
-            return None  # the parent decided: the row's context goes on as it came, no span
+        elif len(traceparent) == 55 and traceparent[54] not in SAMPLED_LAST:
+            return None  # the parent decided, as a version 00 says in its last byte: no span
         else:
-            context = find_context(row_headers)  # type: ignore[arg-type]
-            parent = None if context is None else remote_context(*context)
-        span = self._tracer.start_span(
+            state = None
+            for name, value in row_headers:  # type: ignore[union-attr]  # a traceparent was found in them
+                if name == TRACESTATE:
+                    state = value
+                    break
+            parent = remote_span_context(traceparent, state, sampled_only=True)
+            if parent is None:
+                return None  # not sampled, or not a valid traceparent: the row's headers go on as they came
+        span = self._start(
             f"send {topic}",
-            context=parent,
-            kind=SpanKind.PRODUCER,
-            start_time=commit_time_us * 1000,
-            attributes={
+            parent,
+            {
                 "messaging.system": "kafka",
                 "messaging.operation.type": "send",
                 "messaging.destination.name": topic,
@@ -86,8 +111,23 @@ class RelaySpans:
                 "cdc.schema_version": int(version),
                 "cdc.commit_lsn": lsn.decode(),
             },
+            commit_time_us * 1000,
         )
         return span, replace_context(headers, span)  # type: ignore[arg-type,return-value]
+
+    def _start(
+        self, name: str, parent: SpanContext | None, attributes: dict[str, Any], start_ns: int
+    ) -> Span:
+        """A PRODUCER span: a plain RelaySpan (cdc.trace_span), or the SDK's own when span limits ask."""
+        if self._maker is not None:
+            return self._maker.start(name, parent, attributes, start_ns)
+        return self._tracer.start_span(
+            name,
+            context=None if parent is None else set_span_in_context(NonRecordingSpan(parent)),
+            kind=SpanKind.PRODUCER,
+            start_time=start_ns,
+            attributes=attributes,
+        )
 
     def delivered(self, span: Span, on_delivery: DeliveryCallback) -> DeliveryCallback:
         """``on_delivery``, noting on the span where the record went (and ending it, when it is final)."""
@@ -124,18 +164,17 @@ class RelaySpans:
             return row_headers
         if context is not None and not is_sampled(context[0]):
             return row_headers
-        span = self._tracer.start_span(
+        span = self._start(
             f"send {dlq_topic}",
-            context=None if context is None else remote_context(*context),
-            kind=SpanKind.PRODUCER,
-            start_time=commit_time_us * 1000,
-            attributes={
+            None if context is None else remote_span_context(*context),
+            {
                 "messaging.system": "kafka",
                 "messaging.operation.type": "send",
                 "messaging.destination.name": dlq_topic,
                 "messaging.message.id": event_id,
                 "cdc.dead_letter_reason": reason,
             },
+            commit_time_us * 1000,
         )
         span.set_status(Status(StatusCode.ERROR, f"dead-lettered: {reason}"))
         headers = replace_context(row_headers, span)  # type: ignore[arg-type]

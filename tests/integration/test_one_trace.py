@@ -27,9 +27,11 @@ from cdc.avro.store import SchemaStore
 from cdc.consumer import IdempotentConsumer
 from cdc.consumer.processed import apply_setup
 from cdc.outbox import emit
+from tests.integration.stream.test_pipeline import decode_value
 from tests.integration.test_metrics import get
 from tests.plugins.jaeger import query
 from tests.plugins.pipeline import SCHEMAS_DIR, Outbox, free_port, order_placed, wait_until
+from tests.traces import continues
 
 pytestmark = pytest.mark.integration
 
@@ -204,4 +206,40 @@ def test_with_the_collector_gone_every_event_is_delivered_and_the_spans_are_drop
         return sum(float(value) for value in re.findall(pattern, text, re.M))
 
     wait_until(lambda: lost() >= 50, 60, "the 50 spans counted as dropped")
+    assert proc.terminate() == 0, proc.tail()
+
+
+def test_an_unsampled_or_invalid_context_passes_as_it_came_and_a_sampled_one_is_continued(
+    outbox: Outbox, pipeline_process, consume
+):
+    """What the relay's per-row test decides (cdc.stream.emit, then RelaySpans.start), through `cdc run`:
+    the record's headers are the row's when no span is made, and the send span's when one is."""
+    proc = pipeline_process(OTEL_TRACES_EXPORTER="none")
+    proc.wait_streaming()
+    trace_id = uuid.uuid4().hex
+    unsampled = f"00-{trace_id}-00f067aa0ba902b7-00"
+    sampled = f"00-{trace_id}-00f067aa0ba902b7-01"
+    rows = {
+        "unsampled": {"traceparent": unsampled},
+        "unsampled-state": {"traceparent": unsampled, "tracestate": "vendor=a1"},
+        "flags-02": {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-02"},  # random, not sampled
+        "upper-case": {"traceparent": sampled.upper()},  # not a valid traceparent: ignored
+        "sampled-state": {"traceparent": sampled, "tracestate": "vendor=a1"},
+        "sampled-03": {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-03"},
+    }
+    txn = outbox.commit([outbox.event(name, headers=headers) for name, headers in rows.items()])
+    records = consume(outbox.topic("order"), len(rows), timeout=60)
+    assert {r.headers["id"].decode() for r in records} == set(txn.ids)
+    store = SchemaStore(SCHEMAS_DIR)
+    for record in records:
+        name = record.key.decode()
+        row, got = rows[name], record.headers
+        assert decode_value(store, record.value)[:2] == ("OrderPlaced", 1), f"{name}: the event's own value"
+        if name.startswith("sampled"):
+            assert continues(got["traceparent"], row["traceparent"]), (name, got["traceparent"])
+            assert got["traceparent"].decode() != row["traceparent"], f"{name}: the send span's own context"
+        else:
+            assert got["traceparent"] == row["traceparent"].encode(), f"{name}: passed as it came"
+        if "tracestate" in row:
+            assert got["tracestate"] == row["tracestate"].encode()
     assert proc.terminate() == 0, proc.tail()

@@ -24,6 +24,7 @@ from cdc.config_loader import load_settings
 from cdc.ops import setup as cdc_setup
 from cdc.outbox import emit
 from cdc.trace_context import format_traceparent
+from cdc.trace_processor import Tracing
 from tests.plugins.jaeger import spans, traces_of
 from tests.plugins.pipeline import SCHEMAS_DIR, order_placed, wait_until
 
@@ -212,7 +213,7 @@ class FrozenCollector:
         self.sock.close()
 
 
-def end_spans(traced: tracing.Tracing, count: int) -> float:
+def end_spans(traced: Tracing, count: int) -> float:
     """End ``count`` sampled spans; the longest time one took, in seconds. Not a speed test: the bound the
     tests put on it (0.5 s) is thousands of times what ending a span costs, and a tenth of the export
     timeout that a span handed to a blocking exporter would wait."""

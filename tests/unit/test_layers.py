@@ -1,7 +1,8 @@
 """The package's layers, low to high: base < avro < stream < ops < cli. No module imports a higher layer.
 
 - base: ``errors``, ``config``, ``config_loader`` and ``config_dsn``, ``logs``, ``pg``, ``fastpath``,
-  ``trace_context``, ``trace_export`` and ``tracing`` (and the bare package ``cdc``);
+  ``trace_context``, ``trace_export``, ``trace_span``, ``trace_processor``, ``trace_stats`` and
+  ``tracing`` (and the bare package ``cdc``);
 - ``cdc.avro``: schemas, the encoder, compatibility, the registry, deserialization;
 - ``cdc.consumer`` (for the services downstream) and ``cdc.stream`` (the pipeline) sit side by side above
   avro: neither imports the other;
@@ -32,6 +33,9 @@ BASE = {
     "fastpath",
     "trace_context",
     "trace_export",
+    "trace_span",
+    "trace_processor",
+    "trace_stats",
     "tracing",
 }
 TOP = {"outbox", "metrics", "pipeline_metrics", "notify"}

@@ -93,6 +93,8 @@ def test_the_relays_spans_are_the_librarys_bytes():
         {"pi": 3.25, "nzero": -0.0, "inf": float("inf")},
         {"strings": ("a", "b"), "ints": (1, -2, 300), "bools": (True, False), "floats": (1.5,), "empty": ()},
         {"k" * 200: "a key longer than 127 bytes"},
+        # one-byte lengths written without a call, up to the last size that fits one byte, and just past it
+        {"k": "x" * 120, "kk": "x" * 120, "key": "é" * 60, "n": "x" * 121, "m": "x" * 125, "o": "x" * 126},
     ],
 )
 def test_values_of_every_kind_the_sdk_allows(attributes):
@@ -158,3 +160,13 @@ def test_events_and_links_are_left_to_the_library():
     relay_like(tracer)
     assert trace_export.encode(kept.spans) is None  # one such span: the whole batch goes the library's way
     assert trace_export.encode(kept.spans[-1:]) == library(kept.spans[-1:])
+
+
+def test_the_kept_key_values_are_bounded_and_never_change_the_bytes(monkeypatch):
+    monkeypatch.setattr(trace_export, "_PAIRS_KEPT", 3)
+    tracer, kept = finished()
+    for i in range(4):
+        # the same values under other keys, a value seen before, and new ones past the bound
+        tracer.start_span("kept", attributes={"a": "x", "b": "x", "c": f"v{i}", "d": "x", "e": f"w{i}"}).end()
+    assert trace_export.encode(kept.spans) == library(kept.spans)
+    assert len(trace_export._pairs) <= 3

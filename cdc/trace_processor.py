@@ -1,0 +1,174 @@
+"""OpenTelemetry's SDK as outbox CDC runs it: a batch processor whose queue is bounded and counted, an
+exporter that encodes with :mod:`cdc.trace_export`, and :class:`Tracing`, the handle that
+:func:`cdc.tracing.start` returns. Imported only when tracing is on: the SDK is an optional extra, and costs
+memory once loaded.
+
+Ended spans go to a BatchSpanProcessor whose queue is bounded (``OTEL_BSP_MAX_QUEUE_SIZE``): the thread that
+ends a span only appends to it, and the processor's own thread exports, each request bounded by
+``OTEL_EXPORTER_OTLP_TIMEOUT``. A span that would not fit is dropped and counted in the :class:`SpanStats`
+it is given (``cdc_tracing_spans_dropped_total{reason}``), never waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from cdc import trace_export
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import ReadableSpan, Span
+    from opentelemetry.trace import Tracer
+
+    from cdc.trace_stats import SpanStats
+
+__all__ = ["BoundedProcessor", "CountingExporter", "Tracing"]
+
+log = logging.getLogger("cdc.tracing")
+
+
+class Tracing:
+    """OpenTelemetry's SDK as :func:`start` set it up: :attr:`tracer` makes the spans, and :attr:`processor`
+    (bounded, counting) exports them, the relay's own spans (:mod:`cdc.trace_span`) too; :attr:`mode` is the
+    ``tracing`` setting (``row-context-only`` or ``always``)."""
+
+    def __init__(
+        self, mode: str, provider: TracerProvider, processor: BoundedProcessor, *, name: str
+    ) -> None:
+        self.mode = mode
+        self.provider = provider
+        self.tracer: Tracer = provider.get_tracer(name)
+        self.processor = processor
+        self._closed = False
+
+    def shutdown(self, timeout: float) -> None:
+        """Export what is queued, for at most ``timeout`` seconds (the caller's own shutdown bound); what is
+        left then is dropped and counted (``shutdown``). Never waits longer, even with the collector gone."""
+        if self._closed:
+            return
+        self._closed = True
+        done = threading.Event()
+
+        def close() -> None:
+            self.provider.shutdown()
+            done.set()
+
+        threading.Thread(target=close, name="cdc-tracing-shutdown", daemon=True).start()
+        if not done.wait(timeout):
+            log.warning(
+                "tracing: the collector took more than %.1f s at shutdown; its spans are dropped", timeout
+            )
+        self.processor.abandon()
+
+
+class CountingExporter(SpanExporter):
+    """The OTLP exporter, telling the processor what left its queue and counting what the collector took.
+
+    It encodes with :mod:`cdc.trace_export` (a tenth of the library's cost, the same bytes) and hands the
+    bytes to the OTLP exporter's HTTP client, which keeps its endpoint, headers, TLS, compression, timeout
+    and retries. That client is not public API: when an exporter of another version has none, or a batch
+    holds what cdc.trace_export leaves to the library, the exporter encodes as it always does."""
+
+    def __init__(self, inner: SpanExporter, processor: BoundedProcessor) -> None:
+        self.inner = inner
+        self.processor = processor
+        client = getattr(inner, "_client", None)
+        self._client = client if callable(getattr(client, "export", None)) else None
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not self.processor.taken(len(spans)):
+            return SpanExportResult.FAILURE  # after shutdown's bound: counted as dropped by abandon()
+        try:
+            result = self._export(spans)
+        except Exception:  # an exporter's bug must not end the export thread: the spans are counted
+            log.exception("tracing: exporting %d spans failed", len(spans))
+            result = SpanExportResult.FAILURE
+        stats = self.processor.stats
+        with stats.lock:
+            if result is SpanExportResult.SUCCESS:
+                stats.exported += len(spans)
+            else:
+                stats.dropped["export_failed"] += len(spans)
+        return result
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        data = None if self._client is None else trace_export.encode(spans)
+        if data is None:
+            return self.inner.export(spans)
+        sent = self._client.export(data)  # type: ignore[union-attr]  # None was ruled out above
+        return SpanExportResult.SUCCESS if getattr(sent, "success", False) else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class BoundedProcessor(SpanProcessor):
+    """A BatchSpanProcessor whose queue is never full: a span that might not fit is dropped here, and
+    counted, before the SDK would drop one uncounted. The queue's length is what went in less what the
+    exporter took; an export takes its spans just after they leave the queue, so the count is never below
+    the real length."""
+
+    def __init__(self, exporter: SpanExporter | None, capacity: int, stats: SpanStats) -> None:
+        self.capacity = capacity
+        self.stats = stats
+        self.abandoned = False
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._batch: BatchSpanProcessor | None = None
+        if exporter is not None:
+            counting = CountingExporter(exporter, self)
+            self._batch = BatchSpanProcessor(counting, max_queue_size=capacity)
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        batch = self._batch
+        if batch is None or span.context is None or not span.context.trace_flags.sampled:
+            return  # the SDK's processor exports sampled spans only
+        with self._lock:
+            lost = "shutdown" if self.abandoned else "queue_full" if self._pending >= self.capacity else ""
+            if not lost:
+                self._pending += 1
+        with self.stats.lock:
+            if lost:
+                self.stats.dropped[lost] += 1
+            else:
+                self.stats.queued += 1
+        if not lost:
+            batch.on_end(span)
+
+    def taken(self, count: int) -> bool:
+        """``count`` spans left the queue for an export; False once abandoned, which counted them."""
+        with self._lock:
+            if self.abandoned:
+                return False
+            self._pending -= count
+        with self.stats.lock:
+            self.stats.queued -= count
+        return True
+
+    def abandon(self) -> None:
+        """After shutdown: what is still queued is lost, and counted now."""
+        with self._lock:
+            self.abandoned = True
+            left, self._pending = self._pending, 0
+        with self.stats.lock:
+            self.stats.queued -= left
+            self.stats.dropped["shutdown"] += left
+
+    def shutdown(self) -> None:
+        if self._batch is not None:
+            self._batch.shutdown()  # type: ignore[no-untyped-call]  # untyped in the SDK
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True if self._batch is None else self._batch.force_flush(timeout_millis)

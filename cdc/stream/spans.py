@@ -39,11 +39,7 @@ from opentelemetry.trace import (
 
 from cdc.stream.sink import DeliveryCallback, Headers
 from cdc.trace_context import (
-    SAMPLED_LAST,
-    TRACEPARENT,
-    TRACESTATE,
     find_context,
-    is_sampled,
     remote_span_context,
     replace_context,
 )
@@ -76,26 +72,15 @@ class RelaySpans:
         commit_time_us: int,
     ) -> tuple[Span, Headers] | None:
         """A span for the record about to be produced, and its headers carrying the span's context; None when
-        the event is not traced. Only the row's own headers (``row_headers``) can hold its context: an event
-        whose row has none, or an unsampled one, costs this look and one byte test."""
-        traceparent = None
-        for name, value in row_headers or ():
-            if name == TRACEPARENT:
-                traceparent = value or b""
-                break
-        if traceparent is None:
+        the event is not traced. Only the row's own headers (``row_headers``) can hold its context. The
+        relay's loop (cdc.stream.emit) answers most unsampled ones by their last byte before calling."""
+        context = find_context(row_headers or ())
+        if context is None:
             if not self.always:
                 return None
             parent = None
-        elif len(traceparent) == 55 and traceparent[54] not in SAMPLED_LAST:
-            return None  # the parent decided, as a version 00 says in its last byte: no span
         else:
-            state = None
-            for name, value in row_headers:  # type: ignore[union-attr]  # a traceparent was found in them
-                if name == TRACESTATE:
-                    state = value
-                    break
-            parent = remote_span_context(traceparent, state, sampled_only=True)
+            parent = remote_span_context(*context, sampled_only=True)
             if parent is None:
                 return None  # not sampled, or not a valid traceparent: the row's headers go on as they came
         span = self._start(
@@ -162,11 +147,12 @@ class RelaySpans:
         context = find_context(row_headers)  # type: ignore[arg-type]
         if context is None and not self.always:
             return row_headers
-        if context is not None and not is_sampled(context[0]):
-            return row_headers
+        parent = None if context is None else remote_span_context(*context, sampled_only=True)
+        if context is not None and parent is None:
+            return row_headers  # not sampled, or not valid: the parent decided
         span = self._start(
             f"send {dlq_topic}",
-            None if context is None else remote_span_context(*context),
+            parent,
             {
                 "messaging.system": "kafka",
                 "messaging.operation.type": "send",

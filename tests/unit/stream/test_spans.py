@@ -118,6 +118,14 @@ def test_a_dead_letters_span_says_the_reason(exporter):
     assert dict(headers)["traceparent"] != SAMPLED, "the dead letter carries its own span's context"
 
 
+@pytest.mark.parametrize("traceparent", [UNSAMPLED, SAMPLED.upper()], ids=["unsampled", "not-valid"])
+def test_a_dead_letter_whose_parent_is_not_sampled_keeps_the_rows_context(exporter, traceparent):
+    spans, _ = relay(exporter, "always")
+    row = [("traceparent", traceparent), ("tracestate", b"k=v")]
+    assert spans.dead_lettered(row, "app.dlq", "e-1", "schema_not_found", COMMIT_US) is row
+    assert exporter.get_finished_spans() == ()
+
+
 def test_a_record_never_sent_ends_its_span_once_with_the_reason(exporter, caplog):
     """Too large for Kafka: dead-lettered before it was sent. Exactly once, its span was already held for
     the Kafka transaction's end, which must not end it a second time (the SDK warns at each)."""

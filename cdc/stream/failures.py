@@ -17,13 +17,15 @@ from cdc.config import Settings
 from cdc.errors import DeliveryError, DeliveryRefusedError
 from cdc.stream.access import authorization_refusal
 from cdc.stream.checkpoint import Acks
-from cdc.stream.refusals import GAPLESS_STOP, error_code, error_text
+from cdc.stream.refusals import GAPLESS_STOP, REFUSAL_CODES, error_code, error_text
 from cdc.stream.sink import KafkaSink
 
 RIGHTS_PROBE_TIMEOUT = 5.0  # seconds: asking Kafka for the pipeline's rights after an unexplained failure
 PURGED = frozenset(
     {-152, -151}
 )  # librdkafka's _PURGE_QUEUE, _PURGE_INFLIGHT: what an aborted transaction held
+# What a producer that stopped on a refused batch reports for the records it held: no cause of its own.
+CONSEQUENCES = REFUSAL_CODES | PURGED | {GAPLESS_STOP}
 
 
 class DeliveryFailures:
@@ -68,7 +70,11 @@ class DeliveryFailures:
             # what the pipeline may do with the topics it writes to, before calling it anything else.
             rights = dict.fromkeys(sink.produced_topics, ("Write",))
             sink.check_rights(rights, min(RIGHTS_PROBE_TIMEOUT, self._settings.startup_timeout))
-        if tracker.refused or error_code(fatal) == GAPLESS_STOP:
+        # A first failure of another kind (a request timed out on a silent connection) is the cause: the
+        # purge above, of a batch already cut for the broker, stops an idempotent producer on the gapless
+        # guarantee, and that stop is no refusal to replay.
+        caused = failure is not None and error_code(failure.error) not in CONSEQUENCES
+        if tracker.refused or (error_code(fatal) == GAPLESS_STOP and not caused):
             # Without reports (confluent-kafka can lose them to the fatal error) the replay still reads
             # the topics' limits again; the ledger stops a replay that makes no progress.
             first = tracker.refused[0][1] if tracker.refused else fatal

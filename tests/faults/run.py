@@ -84,6 +84,10 @@ FREEZE_BOUND = SILENCE + 25.0
 # A broker's frozen connection ends when librdkafka's request on it times out (socket.timeout.ms, 60 s by
 # default); at least once, cdc run then exits 1 and the supervisor starts it again.
 BROKER_FREEZE_BOUND = 60 + 25.0
+# A pipeline killed while it resumes starts over: the supervisor's delay, then a start (connections, exactly
+# once the checkpoint read and init_transactions: 2-3 s here, more under load) and the work of the Kafka
+# transaction the kill aborted. Each kill in a silence's window adds its delay and this to the bound.
+KILL_ALLOWANCE = 10.0
 RESULTS = ROOT / "faults-results"
 
 
@@ -239,6 +243,7 @@ class Faults:
         # When each outage held the stack (monotonic start, end; None while it lasts): the time another
         # outage holds it does not count against a silence's resumption.
         self._outages: list[list[float | None]] = []
+        self._kills: list[tuple[float, float]] = []  # (monotonic time of a kill -9 of cdc run, restart delay)
         self.done: dict[str, int] = {}
         self.errors: list[str] = []
         self._threads: list[threading.Thread] = []
@@ -288,14 +293,15 @@ class Faults:
             if time.monotonic() > deadline or self._stop.is_set():
                 raise RuntimeError("no pipeline to kill for 10 s")
             time.sleep(0.2)
+        self._kills.append((time.monotonic(), fault.hold))
         self.run.note(self.t0, f"kill -9 cdc run (restart in {fault.hold:.1f} s)")
 
     @contextmanager
-    def _outage(self) -> Iterator[None]:
+    def _outage(self) -> Iterator[list[float | None]]:
         window: list[float | None] = [time.monotonic(), None]
         self._outages.append(window)
         try:
-            yield
+            yield window
         finally:
             window[1] = time.monotonic()
 
@@ -478,25 +484,28 @@ class Faults:
         self._resumed(frozen, target, bound, None)
 
     def _freeze_then_thaw(self, proxy: TcpProxy, what: str, fault: Fault) -> None:
-        with self._outage():
+        with self._outage() as own:
             proxy.freeze(new_too=True)
             self.run.note(self.t0, f"{what} silent for cdc run (every connection) for {fault.hold:.1f} s")
             time.sleep(fault.hold)
             target = _current_lsn(self.run.dsn)
             proxy.thaw()
-        own = self._outages[-1] if self._outages else None
         self.run.note(self.t0, f"{what} answers cdc run again")
         self._resumed(time.monotonic(), target, FREEZE_BOUND, own)
 
     def _resumed(self, since: float, target: int, bound: float, own: list[float | None] | None) -> None:
         """Note how long until the slot confirmed ``target`` (what was committed before the freeze or the
         thaw): the stream resumed. The time another outage held the stack meanwhile (the next one may begin
-        before the stream has caught up) is not counted; a pipeline kill in between is. Watched for
-        ``bound`` and 10 s more of counted time."""
+        before the stream has caught up) is not counted. A pipeline kill in between is counted, and adds its
+        restart delay and KILL_ALLOWANCE to the bound. Watched for that bound and 10 s more of counted
+        time."""
+        base = bound
         while True:
             now = time.monotonic()
             blocked = self._blocked(since, now, own)
             took = now - since - blocked
+            kills = [hold for at, hold in list(self._kills) if since <= at <= now]
+            bound = base + sum(hold + KILL_ALLOWANCE for hold in kills)
             try:
                 confirmed = _slot_confirmed(self.run.dsn, self.run.slot) >= target
             except psycopg.Error:
@@ -506,6 +515,8 @@ class Faults:
             time.sleep(0.5)
         self.resumed.append((took if confirmed else float("inf"), bound))
         other = f" ({blocked:.1f} s more under another outage, not counted)" if blocked else ""
+        if kills:
+            other += f" ({len(kills)} kills of cdc run meanwhile: bound {bound:.1f} s)"
         self.run.note(
             self.t0, f"stream resumed after {took:.1f} s{other}" if confirmed else "stream NOT resumed"
         )

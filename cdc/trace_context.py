@@ -45,6 +45,7 @@ __all__ = [
     "remote_context",
     "remote_span_context",
     "replace_context",
+    "replace_headers",
 ]
 
 TRACEPARENT = "traceparent"
@@ -138,7 +139,14 @@ def context_headers(span: Any) -> list[tuple[str, bytes]]:
 def replace_context(headers: list[tuple[str, bytes]], span: Any) -> list[tuple[str, bytes]]:
     """``headers`` with their ``traceparent`` and ``tracestate`` replaced by ``span``'s context (the relay's
     send span replaces the row's), in place of the first traceparent, or at the end when there was none."""
-    new = context_headers(span)
+    return replace_headers(headers, context_headers(span))
+
+
+def replace_headers(
+    headers: list[tuple[str, bytes]], new: list[tuple[str, bytes]]
+) -> list[tuple[str, bytes]]:
+    """``headers`` with their ``traceparent`` and ``tracestate`` replaced by ``new``, as
+    :func:`replace_context` does."""
     out: list[tuple[str, bytes]] = []
     for key, value in headers:
         if key == TRACEPARENT:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -124,17 +124,28 @@ class BoundedProcessor(SpanProcessor):
         self._lock = threading.Lock()
         self._pending = 0
         self._batch: BatchSpanProcessor | None = None
+        self._emit: Callable[[ReadableSpan], None] | None = None
         if exporter is not None:
             counting = CountingExporter(exporter, self)
             self._batch = BatchSpanProcessor(counting, max_queue_size=capacity)
+            # The queue behind the processor's on_end, which tests the sampled flag again (made sure of here):
+            # not public API, so its on_end when an SDK of another version has none.
+            inner = getattr(getattr(self._batch, "_batch_processor", None), "emit", None)
+            self._emit = inner if callable(inner) else self._batch.on_end
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
 
     def on_end(self, span: ReadableSpan) -> None:
-        batch = self._batch
-        if batch is None or span.context is None or not span.context.trace_flags.sampled:
+        if self._batch is None or span.context is None or not span.context.trace_flags.sampled:
             return  # the SDK's processor exports sampled spans only
+        self.on_end_sampled(span)
+
+    def on_end_sampled(self, span: ReadableSpan) -> None:
+        """:meth:`on_end` of a span known to be sampled: its context is not read (a cdc.trace_span.SendSpan
+        makes it when first read, on the export thread)."""
+        if self._emit is None:
+            return
         with self._lock:
             lost = "shutdown" if self.abandoned else "queue_full" if self._pending >= self.capacity else ""
             if not lost:
@@ -145,7 +156,7 @@ class BoundedProcessor(SpanProcessor):
             else:
                 self.stats.queued += 1
         if not lost:
-            batch.on_end(span)
+            self._emit(span)
 
     def taken(self, count: int) -> bool:
         """``count`` spans left the queue for an export; False once abandoned, which counted them."""

@@ -12,6 +12,13 @@ ReadableSpan does, for :mod:`cdc.trace_export` and for the OTLP library's encode
 What it leaves to the SDK (:attr:`SpanMaker.usable` is False, and the relay makes SDK spans): span limits
 tighter than the relay's spans need (``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`` under 16, or a value length limit),
 which the SDK enforces in its own way.
+
+The common case, a row whose sampled ``traceparent`` has no ``tracestate``, under a sampler that keeps every
+child of a sampled remote parent, is a :class:`SendSpan`: the row's fields as they came, and a new span id.
+Its OpenTelemetry values (the contexts, the name, the attributes) are made when first read, which is on the
+processor's export thread, in batches. At 1 % of rows sampled, a span's code runs once per hundred events,
+cold, and costs the relay's loop several times what it costs in a loop of spans: the less of it there, the
+better.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
     set_span_in_context,
 )
 
@@ -37,7 +45,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-__all__ = ["RelaySpan", "SpanMaker"]
+__all__ = ["RelaySpan", "SendSpan", "SpanMaker"]
 
 ATTRIBUTES_NEEDED = 16  # the relay's spans hold at most 12 attributes; below this limit the SDK makes them
 _UNSET = Status(StatusCode.UNSET)
@@ -45,6 +53,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | 0x02)
 _RANDOM = 0x02  # W3C level 2's random trace id flag, which the SDK carries from the parent
+_EMPTY_STATE = TraceState()
 
 
 class RelaySpan:
@@ -112,24 +121,175 @@ class RelaySpan:
             self._on_end(self)
 
 
+class SendSpan:
+    """A relay's ``send <topic>`` span, child of a row's sampled remote parent (without trace state): what
+    :class:`RelaySpan` holds, kept as the row gave it until first read. Its name, contexts and attributes are
+    made then, once: on the export thread, after it ended (nothing changes it after its end)."""
+
+    __slots__ = (
+        "_topic",
+        "_fields",
+        "_trace_id",
+        "_parent_id",
+        "span_id",
+        "_flags",
+        "resource",
+        "instrumentation_scope",
+        "start_time",
+        "end_time",
+        "status",
+        "_late",
+        "_attributes",
+        "_context",
+        "_on_end",
+    )
+    kind = SpanKind.PRODUCER
+    events: tuple[()] = ()
+    links: tuple[()] = ()
+    dropped_attributes = 0
+    dropped_events = 0
+    dropped_links = 0
+
+    def __init__(
+        self,
+        topic: str,
+        fields: tuple[bytes | None, bytes | str, bytes | str, bytes | int, bytes],
+        trace_id: int,
+        parent_id: int,
+        span_id: int,
+        flags: int,
+        maker: SpanMaker,
+        start_time: int,
+        on_end: Callable[[Any], None],
+    ) -> None:
+        self._topic = topic
+        self._fields = fields  # the record's key, the event's id, type and schema version, the commit LSN
+        self._trace_id = trace_id
+        self._parent_id = parent_id
+        self.span_id = span_id
+        self._flags = flags  # the parent's: sampled, and the random bit, which the child keeps
+        self.resource = maker.resource
+        self.instrumentation_scope = maker.scope
+        self.start_time = start_time
+        self.end_time: int | None = None
+        self.status = _UNSET
+        self._late: list[tuple[str, Any]] = []  # set after the start: where Kafka put the record
+        self._attributes: dict[str, Any] | None = None
+        self._context: SpanContext | None = None
+        self._on_end = on_end
+
+    @property
+    def name(self) -> str:
+        return f"send {self._topic}"
+
+    @property
+    def context(self) -> SpanContext:
+        context = self._context
+        if context is None:
+            flags = _SAMPLED_RANDOM if self._flags & _RANDOM else _SAMPLED
+            context = self._context = SpanContext(
+                self._trace_id, self.span_id, is_remote=False, trace_flags=flags, trace_state=_EMPTY_STATE
+            )
+        return context
+
+    @property
+    def parent(self) -> SpanContext:
+        return SpanContext(
+            self._trace_id,
+            self._parent_id,
+            is_remote=True,
+            trace_flags=TraceFlags(self._flags),
+            trace_state=_EMPTY_STATE,
+        )
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        attributes = self._attributes
+        if attributes is None:
+            key, event_id, event_type, version, lsn = self._fields
+            attributes = send_attributes(self._topic, key, event_id, event_type, version, lsn)
+            self._attributes = attributes
+            attributes.update(self._late)
+        return attributes
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self.end_time is None:
+            if self._attributes is None:
+                self._late.append((key, value))
+            else:
+                self._attributes[key] = value
+
+    def set_status(self, status: Status) -> None:
+        if self.end_time is None and self.status.status_code is not StatusCode.OK:
+            self.status = status
+
+    def end(self) -> None:
+        if self.end_time is None:
+            self.end_time = time_ns()
+            self._on_end(self)
+
+
+def send_attributes(
+    topic: str,
+    key: bytes | None,
+    event_id: bytes | str,
+    event_type: bytes | str,
+    version: bytes | int,
+    lsn: bytes,
+) -> dict[str, Any]:
+    """A relay's ``send`` span's attributes at its start: OpenTelemetry's messaging conventions for Kafka,
+    and the event's type, schema version and commit LSN."""
+    return {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": topic,
+        "messaging.kafka.message.key": _text(key),
+        "messaging.message.id": _text(event_id),
+        "cdc.event_type": _text(event_type),
+        "cdc.schema_version": int(version),
+        "cdc.commit_lsn": lsn.decode(),
+    }
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 class SpanMaker:
     """RelaySpans of kind PRODUCER, sampled and identified by the provider's own sampler and id generator,
     each handed to ``on_end`` (the batch processor's) when it ends, sampled or not: the processor exports
     the sampled ones only, as it does the SDK's."""
 
-    def __init__(self, provider: TracerProvider, on_end: Callable[[Any], None], *, scope: str) -> None:
-        # on_end: a span processor's, typed for the SDK's ReadableSpan, whose shape a RelaySpan has
+    def __init__(
+        self,
+        provider: TracerProvider,
+        on_end: Callable[[Any], None],
+        *,
+        scope: str,
+        on_end_sampled: Callable[[Any], None] | None = None,
+    ) -> None:
+        # on_end: a span processor's, typed for the SDK's ReadableSpan, whose shape a RelaySpan has;
+        # on_end_sampled, when given, the same for a span known to be sampled (it reads no context)
         self._sampler = provider.sampler
         self._ids = provider.id_generator
-        self._resource = provider.resource
-        self._scope = InstrumentationScope(scope)  # what provider.get_tracer(scope) names
+        self.resource = provider.resource
+        self.scope = InstrumentationScope(scope)  # what provider.get_tracer(scope) names
         self._on_end = on_end
+        self._on_end_sampled = on_end_sampled or on_end
         # The SDK's samplers that keep every child of a sampled remote parent, with its trace state and the
         # span's own attributes (always_on; the parent-based ones by default): their answer is known before
         # they are asked, which saves a Context and the sampler's call (a third of a span's cost).
         sampler = self._sampler
         description = sampler.get_description()
-        self._keeps_sampled_children = description == "AlwaysOnSampler" or (
+        self.keeps_sampled_children = description == "AlwaysOnSampler" or (
             type(sampler) is ParentBased
             and f"remoteParentSampled:{ALWAYS_ON.get_description()}," in description
         )
@@ -138,12 +298,35 @@ class SpanMaker:
             limits.max_span_attributes is None or limits.max_span_attributes >= ATTRIBUTES_NEEDED
         ) and limits.max_span_attribute_length is None
 
+    def send(
+        self,
+        topic: str,
+        fields: tuple[bytes | None, bytes | str, bytes | str, bytes | int, bytes],
+        trace_id: int,
+        parent_id: int,
+        flags: int,
+        start_time: int,
+    ) -> SendSpan:
+        """The ``send`` span of a record whose row's parent is sampled and has no trace state; only when
+        :attr:`keeps_sampled_children` (the sampler's answer is then known)."""
+        return SendSpan(
+            topic,
+            fields,
+            trace_id,
+            parent_id,
+            self._ids.generate_span_id(),
+            flags,
+            self,
+            start_time,
+            self._on_end_sampled,
+        )
+
     def start(
         self, name: str, parent: SpanContext | None, attributes: dict[str, Any], start_time: int
     ) -> RelaySpan:
         """A span named ``name``, child of ``parent`` (a remote context; None: a new trace), started at
         ``start_time`` (ns), as the SDK's tracer would start it."""
-        if parent is not None and parent.trace_flags.sampled and self._keeps_sampled_children:
+        if parent is not None and parent.trace_flags.sampled and self.keeps_sampled_children:
             flags = _SAMPLED_RANDOM if parent.trace_flags & _RANDOM else _SAMPLED
             own = SpanContext(
                 parent.trace_id,
@@ -153,7 +336,7 @@ class SpanMaker:
                 trace_state=parent.trace_state,
             )
             return RelaySpan(
-                name, own, parent, self._resource, self._scope, start_time, attributes, self._on_end
+                name, own, parent, self.resource, self.scope, start_time, attributes, self._on_end
             )
         if parent is None:
             context = None
@@ -175,5 +358,5 @@ class SpanMaker:
             trace_state=result.trace_state,
         )
         return RelaySpan(
-            name, own, parent, self._resource, self._scope, start_time, dict(result.attributes), self._on_end
+            name, own, parent, self.resource, self.scope, start_time, dict(result.attributes), self._on_end
         )

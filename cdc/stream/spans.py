@@ -39,23 +39,35 @@ from opentelemetry.trace import (
 
 from cdc.stream.sink import DeliveryCallback, Headers
 from cdc.trace_context import (
+    TRACEPARENT,
     find_context,
+    parse_traceparent,
     remote_span_context,
     replace_context,
+    replace_headers,
 )
 from cdc.trace_processor import Tracing
-from cdc.trace_span import SpanMaker
+from cdc.trace_span import SpanMaker, send_attributes
 from cdc.tracing import INSTRUMENTATION
 
 Span = Any  # opentelemetry.trace.Span: the SDK is an optional extra
+_PLAIN = (b"-01", b"-03")  # a version-00 traceparent's end when sampled, with or without the random bit
 log = logging.getLogger("cdc.tracing")
 
 
 class RelaySpans:
     def __init__(self, tracing: Tracing, *, track: Callable[[Span], bool]) -> None:
         self._tracer = tracing.tracer
-        maker = SpanMaker(tracing.provider, tracing.processor.on_end, scope=INSTRUMENTATION)
+        processor = tracing.processor
+        maker = SpanMaker(
+            tracing.provider,
+            processor.on_end,
+            scope=INSTRUMENTATION,
+            on_end_sampled=getattr(processor, "on_end_sampled", None),
+        )
         self._maker = maker if maker.usable else None  # None: span limits the SDK's Span enforces
+        # A row's sampled parent gets a SendSpan (fewest steps) when the sampler's answer is known.
+        self._send = maker.send if maker.usable and maker.keeps_sampled_children else None
         self.always = tracing.mode == "always"
         self._track = track  # the publisher's: True when a span ends at its record's acknowledgement
 
@@ -80,22 +92,26 @@ class RelaySpans:
                 return None
             parent = None
         else:
-            parent = remote_span_context(*context, sampled_only=True)
+            traceparent, state = context
+            send = self._send
+            # Version 00, sampled (flags 01, or 03 with the random bit), no trace state: the common case.
+            if send is not None and state is None and len(traceparent) == 55 and traceparent[52:] in _PLAIN:
+                parsed = parse_traceparent(traceparent)
+                if parsed is None:
+                    return None  # not a valid traceparent: the row's headers go on as they came
+                trace_id, parent_id, flags = parsed
+                fields = (key, event_id, event_type, version, lsn)
+                child = send(topic, fields, trace_id, parent_id, flags, commit_time_us * 1000)
+                # The SDK's own format of the child's context: the row's trace id and flags, a new span id.
+                value = b"%b%016x%b" % (traceparent[:36], child.span_id, traceparent[52:])
+                return child, replace_headers(headers, [(TRACEPARENT, value)])  # type: ignore[arg-type,return-value]
+            parent = remote_span_context(traceparent, state, sampled_only=True)
             if parent is None:
                 return None  # not sampled, or not a valid traceparent: the row's headers go on as they came
         span = self._start(
             f"send {topic}",
             parent,
-            {
-                "messaging.system": "kafka",
-                "messaging.operation.type": "send",
-                "messaging.destination.name": topic,
-                "messaging.kafka.message.key": _text(key),
-                "messaging.message.id": _text(event_id),
-                "cdc.event_type": _text(event_type),
-                "cdc.schema_version": int(version),
-                "cdc.commit_lsn": lsn.decode(),
-            },
+            send_attributes(topic, key, event_id, event_type, version, lsn),
             commit_time_us * 1000,
         )
         return span, replace_context(headers, span)  # type: ignore[arg-type,return-value]
@@ -189,9 +205,3 @@ def _span_failed() -> None:
     _failures += 1
     if _failures == 1:
         log.exception("tracing: noting a delivery on its span failed (said once; the event goes on)")
-
-
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cdc.stream.admin import ask
-from tests.bench.procs import MachineCpu, cpu_seconds, vmhwm_mb
+from tests.bench.procs import MachineCpu, cpu_seconds, thread_cpu_seconds, vmhwm_mb
 from tests.bench.table import figures
 from tests.children import dying_with_parent
 
@@ -69,6 +69,7 @@ class Moment:
     records: int
     relay_cpu: float | None
     walsender_cpu: float | None
+    relay_threads: dict[str, float] = field(default_factory=dict)  # the first relay's CPU by thread name
 
 
 @dataclass
@@ -84,6 +85,11 @@ class Drain:
 
 class DrainFailed(Exception):
     pass
+
+
+def _moment(now: float, records: int, pids: Sequence[int], wal_pid: int | None) -> Moment:
+    threads = thread_cpu_seconds(pids[0] if pids else None)
+    return Moment(now, records, total_cpu(pids), cpu_seconds(wal_pid), threads)
 
 
 def watch_drain(
@@ -124,10 +130,10 @@ def watch_drain(
         if records and first is None:
             if wal_pid is None:
                 wal_pid = walsender_pid()
-            first = Moment(now, records, total_cpu(relay_pids()), cpu_seconds(wal_pid))
+            first = _moment(now, records, relay_pids(), wal_pid)
         if records >= expected and (delivered is None or delivered()):
             assert first is not None
-            done = Moment(now, records, total_cpu(relay_pids()), cpu_seconds(wal_pid))
+            done = _moment(now, records, relay_pids(), wal_pid)
             return Drain(first, done, marks, wal_pid, polls)
         if first is None and now - started > start_timeout:
             raise DrainFailed(
@@ -372,6 +378,12 @@ def measure_drain(
             "records_at_first_poll": drain.first.records,
             "records_at_last_poll": drain.done.records,
             "relay_cpu_s": _round(_spent(drain.first.relay_cpu, drain.done.relay_cpu)),
+            # Which thread spent it: Python's main thread, the span exporter's, librdkafka's (rdk:*).
+            "relay_cpu_by_thread_s": {
+                name: round(spent - drain.first.relay_threads.get(name, 0.0), 4)
+                for name, spent in sorted(drain.done.relay_threads.items())
+                if spent - drain.first.relay_threads.get(name, 0.0) > 0
+            },
             "walsender_cpu_s": _round(_spent(drain.first.walsender_cpu, drain.done.walsender_cpu)),
             "walsender_cpu_since_its_start_s": _round(drain.done.walsender_cpu),
             "relay_cpu_since_its_start_s": _round(drain.done.relay_cpu),

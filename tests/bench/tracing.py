@@ -81,10 +81,25 @@ def tracing_phase(bench: Bench, events: int) -> dict[str, Any]:
     runs: dict[str, dict[str, Any]] = {}
     for name, done in drained.items():
         runs[name] = {"tracing": modes[name], "sampled_every": 1 if name == "100%" else 100}
+        # CPU µs per event by thread, medians: Python's main thread, its others (the span exporter), Kafka's.
+        by_thread: dict[str, list[float]] = {}
+        for run in done:
+            window = run.get("cpu_window") or {}
+            counted = (window.get("records_at_last_poll") or 0) - (window.get("records_at_first_poll") or 0)
+            groups: dict[str, float] = {}
+            for thread, spent in (window.get("relay_cpu_by_thread_s") or {}).items():
+                group = "librdkafka" if thread.startswith("rdk:") else thread
+                groups[group] = groups.get(group, 0.0) + spent
+            for group, spent in groups.items():
+                if counted > 0:
+                    by_thread.setdefault(group, []).append(spent * 1e6 / counted)
         for key in ("events_per_s", "cpu_us_per_event"):
             values = [run.get(key) for run in done if run.get(key)]
             runs[name][key] = round(statistics.median(values), 2) if values else None
             runs[name][f"{key}_runs"] = [run.get(key) for run in done]
+        runs[name]["cpu_us_per_event_by_thread"] = {
+            group: round(statistics.median(values), 2) for group, values in sorted(by_thread.items())
+        }
         # Every pass must have read all its events: the fewest any pass saw stands for them all.
         for key in ("records", "distinct_event_ids"):
             runs[name][key] = min((run.get(key) or 0) for run in done)
@@ -170,4 +185,8 @@ def lines(result: dict[str, Any]) -> list[str]:
             f"({run.get('events_per_s_of_off')} of off), {run.get('cpu_us_per_event')} CPU µs/event "
             f"({run.get('cpu_of_off')} of off)" + (f", runs {each}" if len(each) > 1 else "")
         )
+        threads = run.get("cpu_us_per_event_by_thread") or {}
+        if threads:
+            shown = ", ".join(f"{group} {spent}" for group, spent in threads.items())
+            out.append(f"                      CPU µs/event by thread: {shown}")
     return out

@@ -22,7 +22,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.span import TraceState
 
 from cdc import trace_export
-from cdc.trace_span import RelaySpan, SpanMaker
+from cdc.trace_span import RelaySpan, SendSpan, SpanMaker
 
 START = 1_733_550_000_000_000_000
 ATTRIBUTES = {
@@ -108,6 +108,39 @@ def test_a_relay_span_encodes_to_the_sdk_spans_bytes_with_both_encoders(parent, 
     library = encode_spans([sdk]).SerializeToString()
     assert encode_spans([ours]).SerializeToString() == library, "the OTLP library's encoder reads it alike"
     assert trace_export.encode([ours]) == library == trace_export.encode([sdk])
+
+
+@pytest.mark.parametrize("flags", [0x01, 0x03], ids=["sampled", "sampled-and-random"])
+def test_a_send_span_made_from_the_rows_fields_encodes_to_the_sdk_spans_bytes(flags) -> None:
+    # What the relay makes for a row's sampled traceparent without trace state: its values made when read.
+    provider, processor, kept = setup()
+    parent = remote(flags)
+    sdk = provider.get_tracer("outbox-cdc").start_span(
+        "send outbox.event.order",
+        context=set_span_in_context(NonRecordingSpan(parent)),
+        kind=SpanKind.PRODUCER,
+        start_time=START,
+        attributes=dict(ATTRIBUTES),
+    )
+    maker = SpanMaker(provider, processor.on_end, scope="outbox-cdc")
+    assert maker.keeps_sampled_children
+    fields = (b"order-17", b"5b8b1d0e-7d4e-4a8e-9f43-0d1a2b3c4d5e", b"OrderPlaced", b"1", b"0/16B3748")
+    ours = maker.send("outbox.event.order", fields, parent.trace_id, parent.span_id, flags, START)
+    assert ours.span_id == sdk.get_span_context().span_id
+    for span in (sdk, ours):
+        span.set_attribute("messaging.destination.partition.id", "3")
+        span.set_attribute("messaging.kafka.offset", 12345)
+    ours.end()
+    sdk.end(end_time=ours.end_time)
+    ours_done, sdk_done = kept.get_finished_spans()
+    assert isinstance(ours_done, SendSpan)
+    assert ours_done.get_span_context() == sdk_done.get_span_context()
+    assert ours_done.parent == sdk_done.parent
+    library = encode_spans([sdk_done]).SerializeToString()
+    assert encode_spans([ours_done]).SerializeToString() == library, "the OTLP encoder reads it alike"
+    assert trace_export.encode([ours_done]) == library
+    ours_done.set_attribute("late", 1)
+    assert "late" not in ours_done.attributes, "an ended span is not changed"
 
 
 @pytest.mark.parametrize(

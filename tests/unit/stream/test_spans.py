@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from cdc.stream.spans import RelaySpans, end_all
+from cdc.trace_context import replace_context
 
 SAMPLED = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 UNSAMPLED = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
@@ -141,9 +142,12 @@ def test_a_record_never_sent_ends_its_span_once_with_the_reason(exporter, caplog
 
 def test_a_span_that_fails_never_costs_the_acknowledgement(exporter, caplog):
     spans, _ = relay(exporter)
-    span, _ = start(spans, [("traceparent", SAMPLED)])
 
-    span.attributes = None  # noting an attribute now raises, as a bug in the span's code would
+    class Broken:
+        def set_attribute(self, key, value):
+            raise TypeError("a bug in the span's code")
+
+    span = Broken()
     reported = []
     report = spans.delivered(span, lambda err, msg: reported.append(msg.offset()))
     report(None, Msg())
@@ -155,12 +159,27 @@ def test_a_span_that_fails_never_costs_the_acknowledgement(exporter, caplog):
 def test_the_relay_makes_plain_spans_and_leaves_tight_span_limits_to_the_sdk(exporter, monkeypatch):
     spans, _ = relay(exporter)
     span, _ = start(spans, [("traceparent", SAMPLED)])
-    assert type(span).__name__ == "RelaySpan", "a sampled event costs no SDK Span object"
+    assert type(span).__name__ == "SendSpan", "a sampled event costs no SDK Span object"
+    span, _ = start(spans, [("traceparent", SAMPLED), ("tracestate", b"k=v")])
+    assert type(span).__name__ == "RelaySpan", "nor with a trace state"
     monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "4")
     spans, _ = relay(exporter)
     span, headers = start(spans, [("traceparent", SAMPLED)])
-    assert type(span).__name__ != "RelaySpan"
+    assert type(span).__name__ not in ("RelaySpan", "SendSpan")
     spans.delivered(span, lambda err, msg: None)(None, Msg())
     done = exporter.get_finished_spans()[-1]
     assert len(done.attributes) == 4 and done.dropped_attributes == 6, "the SDK enforced the limit"
     assert dict(headers)["traceparent"].decode().split("-")[1] == SAMPLED.decode().split("-")[1]
+
+
+@pytest.mark.parametrize("flags", [b"01", b"03"], ids=["sampled", "sampled-and-random"])
+def test_the_records_traceparent_is_the_send_spans_context_as_the_sdk_writes_it(exporter, flags):
+    # The relay cuts it from the row's bytes; replace_context formats it from the span's context.
+    spans, _ = relay(exporter)
+    row = [("traceparent", SAMPLED[:-2] + flags), ("tenant", b"acme")]
+    span, headers = start(spans, row)
+    ctx = span.get_span_context()
+    assert ctx.trace_flags == int(flags, 16) and ctx.span_id != 0x00F067AA0BA902B7
+    base = [("id", b"e-1"), ("event_type", b"OrderPlaced")]
+    assert headers == replace_context(base + row, span)
+    assert headers[2] == ("traceparent", b"00-%032x-%016x-%b" % (ctx.trace_id, ctx.span_id, flags))

@@ -4,7 +4,11 @@ opentelemetry-exporter-otlp-proto-common builds a protobuf object per span, per 
 then serialises them: 37 µs a span of the relay's (ten attributes), twice what the SDK spends making the
 span, and the most of what tracing 1 % of events cost. This writes the same bytes directly (the protobuf
 wire format is simple: a tag, a length, the bytes), with each attribute key's encoding kept, in about a
-tenth of that. ``tests/unit/test_trace_export.py`` holds it to the library's encoding byte for byte.
+fifth of that. ``tests/unit/test_trace_export.py`` holds it to the library's encoding byte for byte.
+
+A relay's :class:`cdc.trace_span.SendSpan` is written from its fields (its ``wire()``): its contexts and its
+attributes' dict are never made, 6 µs a span where a RelaySpan takes 7 and the SDK's Span with the library's
+encoder 37.
 
 What it leaves to the library (:func:`encode` returns None, and the caller encodes with it): spans with
 events or links, and attribute values that are mappings or of a type the SDK does not allow. The relay makes
@@ -29,7 +33,7 @@ The messages, from opentelemetry-proto's ``trace/v1/trace.proto`` and ``common/v
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from struct import Struct
 from typing import Any
 
@@ -63,10 +67,11 @@ def encode(spans: Sequence[Any]) -> bytes | None:
                     scopes = {}
                     groups.append((resource, scopes))
                 encoded = known[(id(resource), id(scope))] = scopes.setdefault(scope, [])
-            encoded.append(_span(span))
+            wire = getattr(span, "wire", None)  # a cdc.trace_span.SendSpan: its fields, no object made
+            encoded.append(_send_span(*wire()) if wire is not None else _span(span))
         out = []
         for resource, scopes in groups:
-            body = [_message(1, _attributes(1, resource.attributes))]
+            body = [_message(1, _attributes(1, resource.attributes.items()))]
             for scope, encoded in scopes.items():
                 scope_body = [_message(1, _scope(scope)), *encoded]
                 if scope is not None and scope.schema_url:
@@ -102,7 +107,7 @@ def _span(span: Any) -> bytes:
     if span.end_time:
         parts += (b"\x41", _FIXED64.pack(span.end_time))
     if span.attributes:
-        parts.append(_attributes(9, span.attributes))
+        parts.append(_attributes(9, span.attributes.items()))
     for field, dropped in (
         (10, span.dropped_attributes),
         (12, span.dropped_events),
@@ -112,15 +117,53 @@ def _span(span: Any) -> bytes:
             parts += (_varint(field << 3), _varint(dropped))
     status = span.status
     if status is not None:
-        body = b""
-        if status.description:
-            body = _string(2, status.description)
-        if status.status_code.value:
-            body += b"\x18" + _varint(status.status_code.value)
-        parts.append(_message(15, body))
+        parts.append(_status(status))
     flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
     parts += (b"\x85\x01", _FIXED32.pack(flags))
     return _message(2, b"".join(parts))
+
+
+_PRODUCER = b"\x30\x04"  # kind: SpanKind.PRODUCER (3), plus one
+_REMOTE_PARENT = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE | _IS_REMOTE)
+
+
+def _send_span(
+    trace_id: int,
+    span_id: int,
+    parent_id: int,
+    name: str,
+    start: int,
+    end: int | None,
+    attributes: Iterable[tuple[str, Any]],
+    status: Any,
+) -> bytes:
+    """What :func:`_span` writes for a PRODUCER span without trace state, child of a remote parent, from
+    its fields (``wire()`` of a SendSpan): its contexts and attribute dict are never made."""
+    parts = [
+        b"\x0a\x10",
+        trace_id.to_bytes(16, "big"),
+        b"\x12\x08",
+        span_id.to_bytes(8, "big"),
+        b"\x22\x08",
+        parent_id.to_bytes(8, "big"),
+        _string(5, name),
+        _PRODUCER,
+    ]
+    if start:
+        parts += (b"\x39", _FIXED64.pack(start))
+    if end:
+        parts += (b"\x41", _FIXED64.pack(end))
+    parts += (_attributes(9, attributes), _status(status), _REMOTE_PARENT)
+    return _message(2, b"".join(parts))
+
+
+def _status(status: Any) -> bytes:
+    body = b""
+    if status.description:
+        body = _string(2, status.description)
+    if status.status_code.value:
+        body += b"\x18" + _varint(status.status_code.value)
+    return _message(15, body)
 
 
 def _scope(scope: Any) -> bytes:
@@ -130,7 +173,7 @@ def _scope(scope: Any) -> bytes:
     if scope.version:
         body += _string(2, scope.version)
     if scope.attributes:
-        body += _attributes(3, scope.attributes)
+        body += _attributes(3, scope.attributes.items())
     return body
 
 
@@ -139,12 +182,12 @@ _pairs: dict[tuple[bytes, str], bytes] = {}  # (the key's bytes, a string value)
 _PAIRS_KEPT = 4096
 
 
-def _attributes(field: int, attributes: Mapping[str, Any]) -> bytes:
+def _attributes(field: int, attributes: Iterable[tuple[str, Any]]) -> bytes:
     """Each (key, value) as a KeyValue in ``field``: the key's bytes come from :data:`_keys`."""
     parts: list[bytes] = []
     tag = _varint(field << 3 | 2)
     small = _SMALL
-    for key, value in attributes.items():
+    for key, value in attributes:
         head = _keys.get((field, key))
         if head is None:
             if len(_keys) >= _KEYS_KEPT:

@@ -23,7 +23,7 @@ better.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
@@ -206,11 +206,20 @@ class SendSpan:
     def attributes(self) -> dict[str, Any]:
         attributes = self._attributes
         if attributes is None:
-            key, event_id, event_type, version, lsn = self._fields
-            attributes = send_attributes(self._topic, key, event_id, event_type, version, lsn)
-            self._attributes = attributes
-            attributes.update(self._late)
+            attributes = self._attributes = dict(self._pairs())
         return attributes
+
+    def _pairs(self) -> tuple[tuple[str, Any], ...]:
+        key, event_id, event_type, version, lsn = self._fields
+        return (*send_pairs(self._topic, key, event_id, event_type, version, lsn), *self._late)
+
+    def wire(self) -> tuple[int, int, int, str, int, int | None, Iterable[tuple[str, Any]], Status]:
+        """Its fields as :mod:`cdc.trace_export` writes them, which makes neither its contexts nor its
+        attributes' dict: trace id, span id, parent id, name, start, end, attributes, status."""
+        attributes = self._attributes
+        pairs = self._pairs() if attributes is None else attributes.items()
+        ids = self._trace_id, self.span_id, self._parent_id
+        return *ids, f"send {self._topic}", self.start_time, self.end_time, pairs, self.status
 
     def get_span_context(self) -> SpanContext:
         return self.context
@@ -245,16 +254,28 @@ def send_attributes(
 ) -> dict[str, Any]:
     """A relay's ``send`` span's attributes at its start: OpenTelemetry's messaging conventions for Kafka,
     and the event's type, schema version and commit LSN."""
-    return {
-        "messaging.system": "kafka",
-        "messaging.operation.type": "send",
-        "messaging.destination.name": topic,
-        "messaging.kafka.message.key": _text(key),
-        "messaging.message.id": _text(event_id),
-        "cdc.event_type": _text(event_type),
-        "cdc.schema_version": int(version),
-        "cdc.commit_lsn": lsn.decode(),
-    }
+    return dict(send_pairs(topic, key, event_id, event_type, version, lsn))
+
+
+def send_pairs(
+    topic: str,
+    key: bytes | None,
+    event_id: bytes | str,
+    event_type: bytes | str,
+    version: bytes | int,
+    lsn: bytes,
+) -> tuple[tuple[str, Any], ...]:
+    """:func:`send_attributes` as (key, value) pairs, in their order."""
+    return (
+        ("messaging.system", "kafka"),
+        ("messaging.operation.type", "send"),
+        ("messaging.destination.name", topic),
+        ("messaging.kafka.message.key", _text(key)),
+        ("messaging.message.id", _text(event_id)),
+        ("cdc.event_type", _text(event_type)),
+        ("cdc.schema_version", int(version)),
+        ("cdc.commit_lsn", lsn.decode()),
+    )
 
 
 def _text(value: bytes | str | None) -> str:

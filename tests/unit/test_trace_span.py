@@ -138,7 +138,9 @@ def test_a_send_span_made_from_the_rows_fields_encodes_to_the_sdk_spans_bytes(fl
     assert ours_done.parent == sdk_done.parent
     library = encode_spans([sdk_done]).SerializeToString()
     assert encode_spans([ours_done]).SerializeToString() == library, "the OTLP encoder reads it alike"
-    assert trace_export.encode([ours_done]) == library
+    assert trace_export.encode([ours_done]) == library, "written from its fields (SendSpan.wire)"
+    assert ours_done.attributes == sdk_done.attributes
+    assert trace_export.encode([ours_done]) == library, "and once its attributes' dict was made"
     ours_done.set_attribute("late", 1)
     assert "late" not in ours_done.attributes, "an ended span is not changed"
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from tests.faults.check import Ledger, Seen, analyze
@@ -156,3 +159,21 @@ def test_the_cluster_schedule_holds_each_cluster_fault_once_and_no_single_broker
 def test_a_cluster_run_too_short_for_its_outages_is_refused():
     with pytest.raises(ValueError, match="at least"):
         make_cluster_schedule(1, MIN_CLUSTER_DURATION - 1)
+
+
+def test_cis_fault_runs_are_long_enough_for_their_schedules():
+    # CI's own arguments (.ci/run): a duration below the schedule's minimum fails CI at its end, after 40 min.
+    text = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    runs = re.findall(r'^step make (faults(?:-cluster)?) FAULTS_ARGS="([^"]*)"', text, re.M)
+    assert [target for target, _ in runs] == ["faults", "faults-cluster"], runs
+    # Without --duration: make faults' default, and the one the Makefile gives faults-cluster.
+    defaults = {"faults": 200.0, "faults-cluster": 150.0}
+    for target, line in runs:
+        given = re.search(r"--duration (\d+(?:\.\d+)?)", line)
+        duration = float(given[1]) if given else defaults[target]
+        if target == "faults":
+            assert duration >= MIN_DURATION, f"make faults --duration {duration:g} < {MIN_DURATION}"
+            make_schedule(1, duration, big_rows=200_000)
+        else:
+            assert duration >= MIN_CLUSTER_DURATION, f"faults-cluster --duration {duration:g}"
+            make_cluster_schedule(1, duration, big_rows=100_000)

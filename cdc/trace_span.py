@@ -121,6 +121,20 @@ class RelaySpan:
             self._on_end(self)
 
 
+_SEND_KEYS = frozenset(
+    (
+        "messaging.system",
+        "messaging.operation.type",
+        "messaging.destination.name",
+        "messaging.kafka.message.key",
+        "messaging.message.id",
+        "cdc.event_type",
+        "cdc.schema_version",
+        "cdc.commit_lsn",
+    )
+)  # send_pairs' keys
+
+
 class SendSpan:
     """A relay's ``send <topic>`` span, child of a row's sampled remote parent (without trace state): what
     :class:`RelaySpan` holds, kept as the row gave it until first read. Its name, contexts and attributes are
@@ -173,7 +187,7 @@ class SendSpan:
         self.start_time = start_time
         self.end_time: int | None = None
         self.status = _UNSET
-        self._late: list[tuple[str, Any]] = []  # set after the start: where Kafka put the record
+        self._late: dict[str, Any] = {}  # set after the start: where Kafka put the record
         self._attributes: dict[str, Any] | None = None
         self._context: SpanContext | None = None
         self._on_end = on_end
@@ -211,7 +225,7 @@ class SendSpan:
 
     def _pairs(self) -> tuple[tuple[str, Any], ...]:
         key, event_id, event_type, version, lsn = self._fields
-        return (*send_pairs(self._topic, key, event_id, event_type, version, lsn), *self._late)
+        return (*send_pairs(self._topic, key, event_id, event_type, version, lsn), *self._late.items())
 
     def wire(self) -> tuple[int, int, int, str, int, int | None, Iterable[tuple[str, Any]], Status]:
         """Its fields as :mod:`cdc.trace_export` writes them, which makes neither its contexts nor its
@@ -229,10 +243,10 @@ class SendSpan:
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self.end_time is None:
-            if self._attributes is None:
-                self._late.append((key, value))
+            if self._attributes is None and key not in _SEND_KEYS:
+                self._late[key] = value
             else:
-                self._attributes[key] = value
+                self.attributes[key] = value  # one of its first: changed in its place, as a dict does
 
     def set_status(self, status: Status) -> None:
         if self.end_time is None and self.status.status_code is not StatusCode.OK:

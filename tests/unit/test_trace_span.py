@@ -145,6 +145,32 @@ def test_a_send_span_made_from_the_rows_fields_encodes_to_the_sdk_spans_bytes(fl
     assert "late" not in ours_done.attributes, "an ended span is not changed"
 
 
+def test_a_send_spans_attributes_set_again_read_as_a_dicts() -> None:
+    provider, processor, kept = setup()
+    maker = SpanMaker(provider, processor.on_end, scope="outbox-cdc")
+    fields = (b"k", b"e", b"T", b"1", b"0/1")
+    late, first, made = (maker.send("t", fields, 7, 8, 1, START) for _ in range(3))
+    for span in (late, first, made):
+        span.set_attribute("messaging.kafka.offset", 1)
+        if span is first:
+            span.set_attribute("messaging.destination.name", "other")  # one of its first: in its place
+        span.set_attribute("messaging.kafka.offset", 2)  # set again: in its place
+        if span is made:
+            assert span.attributes["messaging.kafka.offset"] == 2  # its dict made before its end
+        span.end()
+    ours = [trace_export.encode([span]) for span in (late, first, made)]  # late's from its fields
+    assert list(late.attributes) == [*attributes_of(fields, "t"), "messaging.kafka.offset"]
+    assert first.attributes["messaging.destination.name"] == "other"
+    for span, encoded in zip((late, first, made), ours, strict=True):
+        assert encoded == encode_spans([span]).SerializeToString(), span.attributes
+
+
+def attributes_of(fields, topic):  # type: ignore[no-untyped-def]
+    from cdc.trace_span import send_attributes
+
+    return send_attributes(topic, *fields)
+
+
 @pytest.mark.parametrize(
     "sampler",
     [

@@ -121,20 +121,6 @@ class RelaySpan:
             self._on_end(self)
 
 
-_SEND_KEYS = frozenset(
-    (
-        "messaging.system",
-        "messaging.operation.type",
-        "messaging.destination.name",
-        "messaging.kafka.message.key",
-        "messaging.message.id",
-        "cdc.event_type",
-        "cdc.schema_version",
-        "cdc.commit_lsn",
-    )
-)  # send_pairs' keys
-
-
 class SendSpan:
     """A relay's ``send <topic>`` span, child of a row's sampled remote parent (without trace state): what
     :class:`RelaySpan` holds, kept as the row gave it until first read. Its name, contexts and attributes are
@@ -258,19 +244,6 @@ class SendSpan:
             self._on_end(self)
 
 
-def send_attributes(
-    topic: str,
-    key: bytes | None,
-    event_id: bytes | str,
-    event_type: bytes | str,
-    version: bytes | int,
-    lsn: bytes,
-) -> dict[str, Any]:
-    """A relay's ``send`` span's attributes at its start: OpenTelemetry's messaging conventions for Kafka,
-    and the event's type, schema version and commit LSN."""
-    return dict(send_pairs(topic, key, event_id, event_type, version, lsn))
-
-
 def send_pairs(
     topic: str,
     key: bytes | None,
@@ -279,7 +252,8 @@ def send_pairs(
     version: bytes | int,
     lsn: bytes,
 ) -> tuple[tuple[str, Any], ...]:
-    """:func:`send_attributes` as (key, value) pairs, in their order."""
+    """A relay's ``send`` span's attributes at its start, as (key, value) pairs in their order:
+    OpenTelemetry's messaging conventions for Kafka, and the event's type, schema version and commit LSN."""
     return (
         ("messaging.system", "kafka"),
         ("messaging.operation.type", "send"),
@@ -296,6 +270,10 @@ def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+# send_pairs' keys: a late value for one of them changes it in its place (SendSpan.set_attribute).
+_SEND_KEYS = frozenset(key for key, _ in send_pairs("", None, "", "", 0, b""))
 
 
 class SpanMaker:

@@ -47,7 +47,7 @@ from cdc.trace_context import (
     replace_headers,
 )
 from cdc.trace_processor import Tracing
-from cdc.trace_span import SpanMaker, send_attributes
+from cdc.trace_span import SpanMaker, send_pairs
 from cdc.tracing import INSTRUMENTATION
 
 Span = Any  # opentelemetry.trace.Span: the SDK is an optional extra
@@ -111,7 +111,7 @@ class RelaySpans:
         span = self._start(
             f"send {topic}",
             parent,
-            send_attributes(topic, key, event_id, event_type, version, lsn),
+            dict(send_pairs(topic, key, event_id, event_type, version, lsn)),
             commit_time_us * 1000,
         )
         return span, replace_context(headers, span)  # type: ignore[arg-type,return-value]

@@ -166,9 +166,9 @@ def test_a_send_spans_attributes_set_again_read_as_a_dicts() -> None:
 
 
 def attributes_of(fields, topic):  # type: ignore[no-untyped-def]
-    from cdc.trace_span import send_attributes
+    from cdc.trace_span import send_pairs
 
-    return send_attributes(topic, *fields)
+    return dict(send_pairs(topic, *fields))
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """`python -m cdc`: the `cdc` command."""
 
-from cdc.cli import main
+from cdc.cli import entry
 
-main()
+entry()

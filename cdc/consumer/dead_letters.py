@@ -91,8 +91,11 @@ class DeadLetters:
             raise TopicMissingError(f"the dead-letter topic {self._topic!r} does not exist: create it first")
 
     def close(self) -> None:
+        """Flush (bounded), then let the producer go: its destroy joins its threads now, not at the
+        service's exit (docs/operations.md, "A crash")."""
         if self._producer is not None:
             self._producer.flush(5)
+            self._producer = None
 
     def send(self, message: KafkaMessage, exc: BaseException, where: str | None = None) -> None:
         """Write the dead letter of ``message``, which failed with ``exc`` (``where`` names it in the logs),

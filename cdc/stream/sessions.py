@@ -353,7 +353,14 @@ class Sessions:
             source.close()
 
     def _shutdown(self, outcome: BaseException | None) -> None:
-        """Stop reading, wait (bounded) for what is in flight, confirm what was acknowledged, close."""
+        """Stop reading, wait (bounded) for what is in flight, confirm what was acknowledged, close; the
+        Kafka clients last, whatever happened before (none may outlive the run: KafkaSink.close)."""
+        try:
+            self._wind_down(outcome)
+        finally:
+            self._sink.close()
+
+    def _wind_down(self, outcome: BaseException | None) -> None:
         s, life, sink, confirmer = self._settings, self._life, self._sink, self._confirmer
         timeout = s.shutdown_timeout
         life.to(Draining(time.monotonic() + self._waits.shutdown_left()))

@@ -51,6 +51,7 @@ class KafkaSink:
         self._sasl_password = sasl_password(settings)
         self.fatal_error: KafkaError | None = None
         self._last_error_log = 0.0
+        self.closed = False
         self._conf = producer_config(settings)
         # Exactly-once: set by become_transactional() once the server's identity is known.
         self.transactional_id: str | None = None
@@ -81,12 +82,23 @@ class KafkaSink:
 
     def close(self) -> None:
         """Destroy the Kafka clients now, dropping what the producer holds (nothing was confirmed past
-        it). For a pipeline that will not stream: the sink is not usable after."""
+        it): at the end of a run, or for one that will not stream. The sink is not usable after; a second
+        call does nothing.
+
+        Now, not at the process's exit: librdkafka's threads of a client still alive then run on while
+        the interpreter and OpenSSL tear down what they use, and crash the process (SIGSEGV in
+        ``rdk:broker*`` with TLS, after the last log line; docs/operations.md, "A crash")."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             self._producer.purge()
         except (KafkaException, SystemError) as exc:
             log.debug("purging the producer: %s", exc)
-        del self._producer, self._produce, self._admin  # the last references: librdkafka's destroy, now
+        self.topics.close()
+        # The last references (the error callbacks point back at the sink, not the other way): each
+        # client's destroy, which joins its threads, runs here.
+        del self._producer, self._produce, self._admin
 
     def _new_producer(self) -> Producer:
         conf = with_password(dict(self._conf), self._settings)  # a rotated password, read again
@@ -257,14 +269,16 @@ class KafkaSink:
             return
 
     def queue_depth(self) -> int:
-        """Records handed to the producer and not yet acknowledged or failed."""
-        return len(self._producer)
+        """Records handed to the producer and not yet acknowledged or failed (0 once closed)."""
+        return 0 if self.closed else len(self._producer)
 
     def broker_reachable(self, timeout: float = 2.0) -> bool:
         """A metadata round trip to Kafka (for /readyz; librdkafka clients may be used from any thread)."""
+        if self.closed:
+            return False
         try:
             self._admin.list_topics(timeout=timeout)
-        except (KafkaException, AttributeError):  # AttributeError: closed (a refused start)
+        except (KafkaException, AttributeError):  # AttributeError: closed by the stream's thread meanwhile
             return False
         return True
 

@@ -60,6 +60,10 @@ class Topics:
         self._limits: dict[str, int | None] = {}  # topic -> its record limit, None when it needs no check
         self._limits_unreadable = False
 
+    def close(self) -> None:
+        """Let go of the admin client, so that the sink's close destroys it (this is its other reference)."""
+        del self._admin
+
     def forget_limits(self) -> None:
         """Read every topic's limit again (a refusal may mean a topic's settings changed)."""
         self._limits.clear()

@@ -263,8 +263,9 @@ def test_no_secret_in_the_log_of_a_refused_start(outbox, tmp_path: Path):
     env = {**outbox.env, "CDC_STARTUP_TIMEOUT": "3", "CDC_KAFKA_SASL_PASSWORD": "a-wrong-secret-4242"}
     proc = PipelineProcess(env, tmp_path / "cdc.log")
     try:
-        assert proc.wait(timeout=60) == 2
+        assert proc.wait(timeout=60) == 2, proc.tail()
         text = (tmp_path / "cdc.log").read_text()
+        assert "still open at exit" not in text, text
         assert "a-wrong-secret-4242" not in text and os.environ["CDC_KAFKA_SASL_PASSWORD"] not in text
     finally:
         proc.cleanup()

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import logging
 
+from cdc.cli.process_end import librdkafka_threads
 from cdc.config_loader import load_settings
 from cdc.stream.kafka_config import admin_config, producer_config
+from cdc.stream.sink import KafkaSink
 from cdc.stream.topics import replication_risk
 from cdc.stream.waits import Backoff
 
@@ -89,3 +91,17 @@ def test_an_under_replicated_topic_is_a_warning_naming_its_partitions():
 def test_a_single_replica_is_said_at_info_and_a_healthy_topic_not_at_all():
     assert replication_risk("t", _Topic(_Partition(0, [1], [1])))[0] == logging.INFO
     assert replication_risk("t", _Topic(_Partition(0, [1, 2, 3], [3, 1, 2]))) is None
+
+
+def test_close_destroys_both_kafka_clients_and_their_threads_at_once():
+    """No client may outlive the run: librdkafka's threads of one alive at the process's exit crash it
+    (cdc.cli.process_end). The admin client had a second reference, from the sink's Topics."""
+    before = librdkafka_threads()
+    sink = KafkaSink(settings(**{"kafka.bootstrap_servers": "127.0.0.1:1"}))
+    try:
+        assert len(librdkafka_threads()) > len(before)
+    finally:
+        sink.close()
+    assert librdkafka_threads() == before
+    sink.close()  # a second close: nothing to do
+    assert sink.queue_depth() == 0 and not sink.broker_reachable()

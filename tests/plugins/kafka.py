@@ -3,6 +3,7 @@ helper that reads a topic from the beginning until N records or a timeout."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import uuid
@@ -13,6 +14,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from cdc.cli.process_end import librdkafka_threads
 from tests.kafka_admin import committed_offsets, create_topic, delete_topics
 from tests.plugins.services import service_missing
 
@@ -122,6 +124,13 @@ def _wait_for_group_coordinator(servers: str) -> None:
         raise AssertionError(f"Kafka's group coordinator is not ready: {exc.args[0]}") from exc
     finally:
         consumer.close()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The tests' own Kafka clients end before pytest's process does: one still alive at exit can crash it
+    (cdc.cli.process_end says why). A client that a failed test's traceback keeps in a cycle is collected."""
+    if librdkafka_threads():
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -121,17 +122,29 @@ class BoundedProcessor(SpanProcessor):
         self.capacity = capacity
         self.stats = stats
         self.abandoned = False
-        self._lock = threading.Lock()
+        # One lock for the queue's count and the counters: a span's end takes a lock once (its code runs
+        # once per hundred events at 1 % sampled, cold, where each step costs several times its warm cost).
+        self._lock = stats.lock
         self._pending = 0
         self._batch: BatchSpanProcessor | None = None
         self._emit: Callable[[ReadableSpan], None] | None = None
+        self._queue: deque[ReadableSpan] | None = None
+        self._awaken = threading.Event()
+        self._batch_size = 0
         if exporter is not None:
             counting = CountingExporter(exporter, self)
             self._batch = BatchSpanProcessor(counting, max_queue_size=capacity)
             # The queue behind the processor's on_end, which tests the sampled flag again (made sure of here):
             # not public API, so its on_end when an SDK of another version has none.
-            inner = getattr(getattr(self._batch, "_batch_processor", None), "emit", None)
-            self._emit = inner if callable(inner) else self._batch.on_end
+            inner = getattr(self._batch, "_batch_processor", None)
+            emit = getattr(inner, "emit", None)
+            self._emit = emit if callable(emit) else self._batch.on_end
+            # Its emit() in two steps: what it tests besides (shut down, the queue's room, a fork: a getpid()
+            # call per span) this processor has tested already, and `cdc run` does not fork.
+            queue, awaken = getattr(inner, "_queue", None), getattr(inner, "_worker_awaken", None)
+            size = getattr(inner, "_max_export_batch_size", None)
+            if isinstance(queue, deque) and isinstance(awaken, threading.Event) and isinstance(size, int):
+                self._queue, self._awaken, self._batch_size = queue, awaken, size
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
@@ -146,34 +159,36 @@ class BoundedProcessor(SpanProcessor):
         makes it when first read, on the export thread)."""
         if self._emit is None:
             return
-        with self._lock:
+        stats = self.stats
+        with self._lock:  # stats.lock
             lost = "shutdown" if self.abandoned else "queue_full" if self._pending >= self.capacity else ""
-            if not lost:
-                self._pending += 1
-        with self.stats.lock:
             if lost:
-                self.stats.dropped[lost] += 1
-            else:
-                self.stats.queued += 1
-        if not lost:
+                stats.dropped[lost] += 1
+                return
+            self._pending += 1
+            stats.queued += 1
+        queue = self._queue
+        if queue is None:
             self._emit(span)
+            return
+        queue.appendleft(span)  # the SDK's exporter pops the oldest from the other end
+        if len(queue) >= self._batch_size and not self._awaken.is_set():
+            self._awaken.set()
 
     def taken(self, count: int) -> bool:
         """``count`` spans left the queue for an export; False once abandoned, which counted them."""
-        with self._lock:
+        with self._lock:  # stats.lock
             if self.abandoned:
                 return False
             self._pending -= count
-        with self.stats.lock:
             self.stats.queued -= count
         return True
 
     def abandon(self) -> None:
         """After shutdown: what is still queued is lost, and counted now."""
-        with self._lock:
+        with self._lock:  # stats.lock
             self.abandoned = True
             left, self._pending = self._pending, 0
-        with self.stats.lock:
             self.stats.queued -= left
             self.stats.dropped["shutdown"] += left
 

@@ -243,6 +243,22 @@ class SendSpan:
             self.end_time = time_ns()
             self._on_end(self)
 
+    def note_delivery(self, err: Any, msg: Any, end: bool) -> None:
+        """Kafka's delivery report of its record (confluent-kafka's ``err`` and ``msg``): where the record
+        went, or the error; ended when ``end`` (the record is final). What ``set_attribute``,
+        ``set_status`` and ``end`` would do, in one call."""
+        if self.end_time is not None:
+            return
+        if err is None:
+            notes = self._late if self._attributes is None else self._attributes
+            notes["messaging.destination.partition.id"] = str(msg.partition())
+            notes["messaging.kafka.offset"] = msg.offset()
+        elif self.status.status_code is not StatusCode.OK:
+            self.status = Status(StatusCode.ERROR, f"not delivered: {err}")
+        if end:
+            self.end_time = time_ns()
+            self._on_end(self)
+
 
 def send_pairs(
     topic: str,

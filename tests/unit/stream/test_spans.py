@@ -183,3 +183,72 @@ def test_the_records_traceparent_is_the_send_spans_context_as_the_sdk_writes_it(
     base = [("id", b"e-1"), ("event_type", b"OrderPlaced")]
     assert headers == replace_context(base + row, span)
     assert headers[2] == ("traceparent", b"00-%032x-%016x-%b" % (ctx.trace_id, ctx.span_id, flags))
+
+
+TRACEPARENTS = [
+    SAMPLED,
+    SAMPLED[:-2] + b"03",
+    SAMPLED[:-2] + b"00",
+    SAMPLED[:-2] + b"02",
+    SAMPLED[:-2] + b"05",  # sampled, with a flag this version does not know: the general path
+    SAMPLED[:-2] + b"11",
+    SAMPLED.upper(),
+    SAMPLED[:3] + SAMPLED[3:35].upper() + SAMPLED[35:],
+    SAMPLED[:36] + SAMPLED[36:52].upper() + SAMPLED[52:],
+    b"00-" + b"0" * 32 + SAMPLED[35:],
+    SAMPLED[:36] + b"0" * 16 + SAMPLED[52:],
+    b"ff" + SAMPLED[2:],
+    b"01" + SAMPLED[2:],  # a later version: its known fields taken
+    b"01" + SAMPLED[2:] + b"-later",
+    SAMPLED + b"-more",
+    b" " + SAMPLED,
+    SAMPLED[:-1],
+    SAMPLED[:10] + b"g" + SAMPLED[11:],
+    SAMPLED[:35] + b"_" + SAMPLED[36:],
+    b"",
+]
+
+
+@pytest.mark.parametrize("traceparent", TRACEPARENTS)
+def test_the_fast_path_takes_only_what_the_parser_takes_and_reads_the_same_ids(exporter, traceparent):
+    from cdc.trace_context import parse_traceparent
+
+    spans, _ = relay(exporter)
+    started = start(spans, [("traceparent", traceparent)])
+    parsed = parse_traceparent(traceparent)
+    if parsed is None or not parsed[2] & 1:
+        assert started is None
+        return
+    span, headers = started
+    ctx, parent = span.get_span_context(), span.parent
+    assert (parent.trace_id, parent.span_id) == parsed[:2] and ctx.trace_id == parsed[0]
+    # The child keeps the sampled flag and the random one (the SDK's way); the parent is as it came.
+    assert ctx.trace_flags == 1 | parsed[2] & 2 and parent.trace_flags == parsed[2]
+    base = [("id", b"e-1"), ("event_type", b"OrderPlaced")]
+    assert headers == replace_context([*base, ("traceparent", b"")], span)
+    fast = traceparent[:3] == b"00-" and len(traceparent) == 55 and traceparent[-2:] in (b"01", b"03")
+    assert (type(span).__name__ == "SendSpan") == fast
+
+
+@pytest.mark.parametrize("err", [None, "KafkaError{code=_MSG_TIMED_OUT}"], ids=["acknowledged", "failed"])
+@pytest.mark.parametrize("ends", [True, False], ids=["at-least-once", "exactly-once"])
+def test_a_send_spans_delivery_is_noted_as_the_sdks_span_would_note_it(exporter, err, ends, monkeypatch):
+    spans, held = relay(exporter, ends_at_ack=ends)
+    ours, _ = start(spans, [("traceparent", SAMPLED)])
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "16")  # still the relay's own, by the generic way
+    theirs, _ = start(spans, [("traceparent", SAMPLED), ("tracestate", b"k=v")])
+    assert type(ours).__name__ == "SendSpan" and type(theirs).__name__ == "RelaySpan"
+    for span in (ours, theirs):
+        spans.delivered(span, lambda e, m: None)(err, Msg())
+    if not ends:
+        assert exporter.get_finished_spans() == ()
+        end_all(held, committed=True)
+    ours_done, theirs_done = exporter.get_finished_spans()
+    assert ours_done.attributes == {**theirs_done.attributes, "messaging.message.id": "e-1"}
+    assert ours_done.status.status_code == theirs_done.status.status_code
+    assert ours_done.status.description == theirs_done.status.description
+    if err is None:
+        assert ours_done.attributes["messaging.kafka.offset"] == 41
+        assert ours_done.attributes["messaging.destination.partition.id"] == "2"
+    else:
+        assert ours_done.status.description == f"not delivered: {err}"

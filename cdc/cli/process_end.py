@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["end", "exit_status", "librdkafka_threads"]
+__all__ = ["end", "exit_status", "librdkafka_thread_ids", "librdkafka_threads"]
 
 log = logging.getLogger("cdc")
 
@@ -33,19 +33,24 @@ TASKS = Path("/proc/self/task")
 
 def librdkafka_threads(tasks: Path = TASKS) -> list[str]:
     """The names of this process's librdkafka threads, sorted; empty where there is no /proc."""
+    return sorted(librdkafka_thread_ids(tasks).values())
+
+
+def librdkafka_thread_ids(tasks: Path = TASKS) -> dict[int, str]:
+    """This process's librdkafka threads: their names by thread id; empty where there is no /proc."""
     try:
         entries = list(tasks.iterdir())
     except OSError:
-        return []
-    names = []
+        return {}
+    threads = {}
     for task in entries:
         try:
             name = (task / "comm").read_text().strip()
         except OSError:  # a thread that ended meanwhile
             continue
-        if name.startswith("rdk:"):
-            names.append(name)
-    return sorted(names)
+        if name.startswith("rdk:") and task.name.isdigit():
+            threads[int(task.name)] = name
+    return threads
 
 
 def exit_status(exc: SystemExit) -> int:

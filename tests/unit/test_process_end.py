@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cdc.cli.process_end import exit_status, librdkafka_threads
+from cdc.cli.process_end import exit_status, librdkafka_thread_ids, librdkafka_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,7 @@ def test_threads_are_read_from_proc_and_none_without_it(tmp_path: Path) -> None:
         (tmp_path / str(tid)).mkdir()
         (tmp_path / str(tid) / "comm").write_text(name + "\n")
     assert librdkafka_threads(tmp_path) == ["rdk:broker1", "rdk:main"]
+    assert librdkafka_thread_ids(tmp_path) == {2: "rdk:main", 3: "rdk:broker1"}
     assert librdkafka_threads(tmp_path / "absent") == []
 
 

@@ -5,10 +5,10 @@ rdk:broker-1 with TLS: the secure stack's refused start exited -11 instead of 2 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
+from cdc.cli.process_end import librdkafka_thread_ids
 from cdc.stream.life import Streaming
 from cdc.stream.pipeline import Pipeline
 from tests.plugins.pipeline import Outbox, PipelineProcess, wait_until
@@ -19,14 +19,7 @@ pytestmark = pytest.mark.core
 def librdkafka_tids() -> set[int]:
     """This process's librdkafka threads by id: other tests' clients, which the collector may end at any
     time, come and go beside the run's own."""
-    tids = set()
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            if (task / "comm").read_text().startswith("rdk:"):
-                tids.add(int(task.name))
-        except OSError:  # ended meanwhile
-            continue
-    return tids
+    return set(librdkafka_thread_ids())
 
 
 def test_a_stopped_run_has_destroyed_its_kafka_clients_when_it_returns(outbox: Outbox) -> None:

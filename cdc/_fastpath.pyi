@@ -20,3 +20,6 @@ class RowReader:
     def __call__(
         self, message: bytes
     ) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes | None] | None: ...
+
+def send_span(span: Any) -> bytes | None:
+    """cdc.trace_export: a cdc.trace_span.SendSpan's OTLP Span message, or None for Python to write."""

@@ -33,7 +33,7 @@ The messages, from opentelemetry-proto's ``trace/v1/trace.proto`` and ``common/v
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from struct import Struct
 from typing import Any
 
@@ -48,9 +48,11 @@ _IS_REMOTE = 0x200
 _KEYS_KEPT = 4096  # attribute keys whose encoding is kept: a process's keys are few; a bound all the same
 
 
-def encode(spans: Sequence[Any]) -> bytes | None:
+def encode(spans: Sequence[Any], send_span: Callable[[Any], bytes | None] | None = None) -> bytes | None:
     """The request for ``spans`` (the SDK's ReadableSpans), grouped by resource and instrumentation scope in
-    the order they come, as the library groups them; None when one of them needs the library's encoder."""
+    the order they come, as the library groups them; None when one of them needs the library's encoder.
+    ``send_span``, when given, is the compiled writer of a SendSpan (``cdc._fastpath.send_span``): its bytes,
+    or None for this module to write it."""
     # Grouped by the objects' identity, then by equality once per object met: a Resource's hash serialises
     # its attributes to JSON, each time it is asked.
     known: dict[tuple[int, int], list[bytes]] = {}
@@ -68,7 +70,11 @@ def encode(spans: Sequence[Any]) -> bytes | None:
                     groups.append((resource, scopes))
                 encoded = known[(id(resource), id(scope))] = scopes.setdefault(scope, [])
             wire = getattr(span, "wire", None)  # a cdc.trace_span.SendSpan: its fields, no object made
-            encoded.append(_send_span(*wire()) if wire is not None else _span(span))
+            if wire is None:
+                encoded.append(_span(span))
+                continue
+            data = None if send_span is None else send_span(span)
+            encoded.append(data if data is not None else _send_span(*wire()))
         out = []
         for resource, scopes in groups:
             body = [_message(1, _attributes(1, resource.attributes.items()))]

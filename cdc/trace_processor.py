@@ -76,9 +76,15 @@ class CountingExporter(SpanExporter):
     and retries. That client is not public API: when an exporter of another version has none, or a batch
     holds what cdc.trace_export leaves to the library, the exporter encodes as it always does."""
 
-    def __init__(self, inner: SpanExporter, processor: BoundedProcessor) -> None:
+    def __init__(
+        self,
+        inner: SpanExporter,
+        processor: BoundedProcessor,
+        send_span: Callable[[ReadableSpan], bytes | None] | None = None,
+    ) -> None:
         self.inner = inner
         self.processor = processor
+        self._send_span = send_span  # cdc._fastpath's writer of the relay's spans, when compiled
         client = getattr(inner, "_client", None)
         self._client = client if callable(getattr(client, "export", None)) else None
 
@@ -99,7 +105,7 @@ class CountingExporter(SpanExporter):
         return result
 
     def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        data = None if self._client is None else trace_export.encode(spans)
+        data = None if self._client is None else trace_export.encode(spans, self._send_span)
         if data is None:
             return self.inner.export(spans)
         sent = self._client.export(data)  # type: ignore[union-attr]  # None was ruled out above
@@ -118,9 +124,17 @@ class BoundedProcessor(SpanProcessor):
     exporter took; an export takes its spans just after they leave the queue, so the count is never below
     the real length."""
 
-    def __init__(self, exporter: SpanExporter | None, capacity: int, stats: SpanStats) -> None:
+    def __init__(
+        self,
+        exporter: SpanExporter | None,
+        capacity: int,
+        stats: SpanStats,
+        *,
+        send_span: Callable[[ReadableSpan], bytes | None] | None = None,
+    ) -> None:
         self.capacity = capacity
         self.stats = stats
+        self.send_span = send_span
         self.abandoned = False
         # One lock for the queue's count and the counters: a span's end takes a lock once (its code runs
         # once per hundred events at 1 % sampled, cold, where each step costs several times its warm cost).
@@ -132,7 +146,7 @@ class BoundedProcessor(SpanProcessor):
         self._awaken = threading.Event()
         self._batch_size = 0
         if exporter is not None:
-            counting = CountingExporter(exporter, self)
+            counting = CountingExporter(exporter, self, send_span)
             self._batch = BatchSpanProcessor(counting, max_queue_size=capacity)
             # The queue behind the processor's on_end, which tests the sampled flag again (made sure of here):
             # not public API, so its on_end when an SDK of another version has none.

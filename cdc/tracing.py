@@ -24,6 +24,7 @@ import os
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from cdc import fastpath
 from cdc.config import TRACING_MODES as MODES
 from cdc.errors import ConfigError
 from cdc.trace_stats import STATS, SpanStats, TracingCollector
@@ -61,9 +62,11 @@ _SAMPLERS = (
 )
 
 
-def start(mode: str, *, service_name: str = INSTRUMENTATION) -> Tracing | None:
+def start(mode: str, *, service_name: str = INSTRUMENTATION, compiled: bool = False) -> Tracing | None:
     """Set OpenTelemetry's SDK up from the ``OTEL_*`` environment for ``mode`` (the ``tracing`` setting), or
-    None when tracing is off (said in the log). ``service_name`` is the default of ``OTEL_SERVICE_NAME``.
+    None when tracing is off (said in the log). ``service_name`` is the default of ``OTEL_SERVICE_NAME``;
+    ``compiled``: the relay's spans are written by the compiled extension (``fast_path``), when it has the
+    writer.
     Raises ConfigError naming the ``OTEL_*`` variable this install cannot honour, and the fix."""
     if mode not in MODES:
         raise ConfigError(f"setting 'tracing' is one of {', '.join(MODES)}, not {mode!r}", key="tracing")
@@ -88,7 +91,10 @@ def start(mode: str, *, service_name: str = INSTRUMENTATION) -> Tracing | None:
     # Its sampler comes from OTEL_TRACES_SAMPLER and _ARG (parentbased_always_on by default: a row's sampled
     # flag decides). No exit hook: it would wait up to 30 s for a collector that is gone.
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    processor = BoundedProcessor(exporter, _int_env("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE), STATS)
+    send_span = getattr(fastpath.extension, "send_span", None) if compiled else None
+    processor = BoundedProcessor(
+        exporter, _int_env("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE), STATS, send_span=send_span
+    )
     provider.add_span_processor(processor)
     log.info(
         "tracing: %s, service %s, exporting to %s, sampler %s",

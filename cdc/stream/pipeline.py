@@ -79,7 +79,7 @@ class Pipeline:
         self.slot_watch = slot_watch = SlotWatch(s)  # other slots created or dropped on the cluster
         position = PositionWriter(s)  # for `cdc recover`: how far Kafka acknowledged the outbox
         # Tracing (issue 40): OpenTelemetry's SDK from the OTEL_* variables, or None (off, or not installed).
-        self.tracing = tracing = start_tracing(s.tracing)
+        self.tracing = tracing = start_tracing(s.tracing, compiled=compiled)
         publisher: Publisher
         # The parts below call each other through these, bound once every part exists.
         confirmer: Confirmer

@@ -15,6 +15,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use std::collections::HashMap;
 
 mod direct;
+mod spans;
 
 /// The JSON type of a value, as the reference's union dispatch sees it (Python's type names).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -302,5 +303,6 @@ impl RowReader {
 fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
     m.add_class::<RowReader>()?;
+    m.add_function(wrap_pyfunction!(spans::send_span, m)?)?;
     Ok(())
 }

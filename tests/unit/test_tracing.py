@@ -153,3 +153,16 @@ def test_the_endpoints_credentials_and_query_never_reach_the_log(clean_env, capl
     assert "exporting to https://otel.example.com:4318" in caplog.text
     assert "(its credentials and query not shown)" in caplog.text
     assert "s3cret" not in caplog.text and "k3y" not in caplog.text and "relay:" not in caplog.text
+
+
+@pytest.mark.usefixtures("compiled_extension")
+def test_the_relays_spans_are_written_by_the_extension_when_the_hot_path_is_compiled(clean_env):
+    from cdc import fastpath
+
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # never reached: nothing ends
+    for compiled, writer in ((True, fastpath.extension.send_span), (False, None)):  # type: ignore[union-attr]
+        started = tracing.start("row-context-only", compiled=compiled)
+        assert started is not None
+        assert started.processor.send_span is writer
+        started.shutdown(1.0)

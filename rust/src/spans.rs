@@ -31,8 +31,20 @@ fn text(value: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
         let data = bytes.as_bytes();
         return std::str::from_utf8(data).ok().map(|_| data.to_vec());
     }
-    let string = value.downcast::<PyString>().ok()?;
-    Some(string.to_str().ok()?.as_bytes().to_vec())
+    string(value)
+}
+
+/// A str's UTF-8 bytes; None for anything else, or a str that has none (a lone surrogate).
+fn string(value: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
+    Some(
+        value
+            .downcast::<PyString>()
+            .ok()?
+            .to_str()
+            .ok()?
+            .as_bytes()
+            .to_vec(),
+    )
 }
 
 /// `int(version)` where it is sure to be the same: an int within int64 (a bool is one), or bytes of 1 to 18
@@ -70,8 +82,8 @@ fn int_value(number: i64) -> Vec<u8> {
 
 /// `cdc.trace_export._value` for the types it is sure of, in its order (a bool before an int).
 fn any_value(value: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
-    if let Ok(string) = value.downcast::<PyString>() {
-        return Some(string_value(string.to_str().ok()?.as_bytes()));
+    if value.is_instance_of::<PyString>() {
+        return Some(string_value(&string(value)?));
     }
     if let Ok(flag) = value.downcast::<PyBool>() {
         return Some(vec![0x10, u8::from(flag.is_true())]);
@@ -100,13 +112,7 @@ pub(crate) fn send_span<'py>(
         return None; // read as a dict since: Python writes it from that dict
     }
     let topic = span.getattr(intern!(py, "_topic")).ok()?;
-    let topic = topic
-        .downcast::<PyString>()
-        .ok()?
-        .to_str()
-        .ok()?
-        .as_bytes()
-        .to_vec();
+    let topic = string(&topic)?;
     let fields = span.getattr(intern!(py, "_fields")).ok()?;
     let fields = fields.downcast::<PyTuple>().ok()?;
     if fields.len() != 5 {
@@ -146,13 +152,7 @@ pub(crate) fn send_span<'py>(
     let description = if description.is_none() {
         Vec::new()
     } else {
-        description
-            .downcast::<PyString>()
-            .ok()?
-            .to_str()
-            .ok()?
-            .as_bytes()
-            .to_vec()
+        string(&description)?
     };
     let code: u64 = status
         .getattr(intern!(py, "status_code"))
@@ -205,13 +205,7 @@ pub(crate) fn send_span<'py>(
     attribute(&mut body, b"cdc.schema_version", &int_value(schema_version));
     attribute(&mut body, b"cdc.commit_lsn", &string_value(lsn));
     for (k, v) in late.iter() {
-        let k = k
-            .downcast::<PyString>()
-            .ok()?
-            .to_str()
-            .ok()?
-            .as_bytes()
-            .to_vec();
+        let k = string(&k)?;
         attribute(&mut body, &k, &any_value(&v)?);
     }
     let mut state = Vec::new();

@@ -5,8 +5,8 @@
 //! Only ever right or absent, as the rest of the extension: a span holding anything it is not sure of (an
 //! attribute value that is not a string, a bool, an int64 or a float; text that is not UTF-8; a schema
 //! version that is not plain digits; its attributes' dict already made) gives None, and the caller writes it
-//! in Python, which then encodes it or raises its own error. `tests/unit/test_trace_export.py` holds the two
-//! to the same bytes.
+//! in Python, which then encodes it or raises its own error. `tests/unit/test_trace_export_compiled.py` holds
+//! the two to the same bytes.
 
 use pyo3::intern;
 use pyo3::prelude::*;

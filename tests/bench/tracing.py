@@ -110,9 +110,9 @@ def tracing_phase(bench: Bench, events: int) -> dict[str, Any]:
     for run in runs.values():
         run["events_per_s_of_off"] = _ratio(run.get("events_per_s"), off.get("events_per_s"))
         run["cpu_of_off"] = _ratio(run.get("cpu_us_per_event"), off.get("cpu_us_per_event"))
-    # The i-th drains of off and 1% ran one after the other, on the same fill: the machine's slow drifts
-    # (another tenant, the broker's log cleaner) touch both alike. The median of their ratios is the figure
-    # least moved by them; the ratio of the medians is kept beside it.
+    # The i-th drains of off and 1% ran one after the other, on the same fill: their ratio leaves out the
+    # machine's slow drifts (another tenant, the broker's log cleaner), not its fast ones, which were as large
+    # on 2026-12-07. Both figures are given.
     each = zip(runs["1%"]["cpu_us_per_event_exact_runs"], off["cpu_us_per_event_exact_runs"], strict=True)
     pairs = [_ratio(one, base) for one, base in each]
     known = [ratio for ratio in pairs if ratio is not None]

@@ -116,3 +116,31 @@ def test_arguments():
     args = parse_args(["--events", "2000", "--unix-socket", "--no-exactly-once"])
     assert (args.events, args.unix_socket, args.exactly_once) == (2000, True, False)
     assert parse_args(["--quick"]).events == 100_000
+
+
+def test_the_tracing_phase_reads_each_drains_exact_cpu_and_shows_the_pairs():
+    from tests.bench.tracing import _exact, lines
+
+    window = {"records_at_first_poll": 1_000, "records_at_last_poll": 251_000, "relay_cpu_s": 2.0}
+    assert _exact({"cpu_window": window}) == 8.0  # 2 s over 250,000 records, unrounded
+    assert _exact({"cpu_window": {**window, "records_at_last_poll": 1_000}}) is None
+    assert _exact({}) is None
+    result = {
+        "events": 300_000,
+        "exporter": "jaeger",
+        "repeat": 3,
+        "runs": {
+            "off": {"tracing": "off", "events_per_s": 120_000, "cpu_us_per_event": 8.0, "cpu_of_off": 1.0},
+            "1%": {
+                "tracing": "row-context-only",
+                "events_per_s": 118_000,
+                "cpu_us_per_event": 8.3,
+                "cpu_of_off": 1.038,
+                "cpu_of_off_pairs": [1.02, 1.04, 1.09],
+                "cpu_of_off_paired": 1.04,
+            },
+        },
+    }
+    shown = "\n".join(lines(result))
+    assert "drain by drain: 1.04 (median of 3 pairs [1.02, 1.04, 1.09])" in shown
+    assert shown.count("drain by drain") == 1, "off has no pairs of its own"

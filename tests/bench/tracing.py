@@ -86,7 +86,7 @@ def tracing_phase(bench: Bench, events: int) -> dict[str, Any]:
         by_thread: dict[str, list[float]] = {}
         for run in done:
             window = run.get("cpu_window") or {}
-            counted = (window.get("records_at_last_poll") or 0) - (window.get("records_at_first_poll") or 0)
+            counted = _counted(window)
             groups: dict[str, float] = {}
             for thread, spent in (window.get("relay_cpu_by_thread_s") or {}).items():
                 group = "librdkafka" if thread.startswith("rdk:") else thread
@@ -175,9 +175,14 @@ def _fill(bench: Bench, events: int, rows: int, every: int) -> int:
     return target
 
 
+def _counted(window: dict[str, Any]) -> int:
+    """The records that arrived within a drain's CPU window."""
+    return (window.get("records_at_last_poll") or 0) - (window.get("records_at_first_poll") or 0)
+
+
 def _exact(run: dict[str, Any]) -> float | None:
     window = run.get("cpu_window") or {}
-    counted = (window.get("records_at_last_poll") or 0) - (window.get("records_at_first_poll") or 0)
+    counted = _counted(window)
     spent = window.get("relay_cpu_s")
     return None if not spent or counted <= 0 else spent * 1e6 / counted
 

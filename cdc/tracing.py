@@ -24,7 +24,6 @@ import os
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from cdc import fastpath
 from cdc.config import TRACING_MODES as MODES
 from cdc.errors import ConfigError
 from cdc.trace_stats import STATS, SpanStats, TracingCollector
@@ -81,6 +80,7 @@ def start(mode: str, *, service_name: str = INSTRUMENTATION, compiled: bool = Fa
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
 
+    from cdc import fastpath  # the extension is loaded for the writer only when tracing is on
     from cdc.trace_processor import BoundedProcessor, Tracing
 
     _check_environment()

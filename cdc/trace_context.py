@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SAMPLED_LAST",
+    "SAMPLED_PLAIN",
     "TRACEPARENT",
     "TRACESTATE",
     "context_headers",
@@ -56,6 +57,9 @@ _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-
 _ZERO_TRACE = b"0" * 32
 _ZERO_SPAN = b"0" * 16
 SAMPLED_LAST = frozenset(b"13579bdf")  # the last hex digit of the flags, when bit 0 (sampled) is set
+# What parse_traceparent takes, narrowed to the relay's common case in one match: version 00, neither id all
+# zeros, sampled with flags 01 or 03 (the random bit) and nothing else set (cdc.stream.spans' fast path).
+SAMPLED_PLAIN = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-0[13]").fullmatch
 
 
 def parse_traceparent(value: bytes | str) -> tuple[int, int, int] | None:

@@ -25,7 +25,6 @@ for.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,6 +39,7 @@ from opentelemetry.trace import (
 
 from cdc.stream.sink import DeliveryCallback, Headers
 from cdc.trace_context import (
+    SAMPLED_PLAIN,
     TRACEPARENT,
     find_context,
     remote_span_context,
@@ -51,9 +51,6 @@ from cdc.trace_span import SendSpan, SpanMaker, send_pairs
 from cdc.tracing import INSTRUMENTATION
 
 Span = Any  # opentelemetry.trace.Span: the SDK is an optional extra
-# A valid version-00 traceparent (cdc.trace_context.parse_traceparent's rules: lower-case hex, neither id all
-# zeros), sampled, flags 01 or 03 (the random bit), nothing else set: what the relay's fast path takes.
-_SENDABLE = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-0[13]").fullmatch
 _ZERO = ord("0")
 log = logging.getLogger("cdc.tracing")
 
@@ -99,7 +96,7 @@ class RelaySpans:
             send = self._send
             # Version 00, sampled (flags 01, or 03 with the random bit), no trace state: the common case,
             # tested in one match. Anything else takes the general path, which parses and validates.
-            if send is not None and state is None and _SENDABLE(traceparent) is not None:
+            if send is not None and state is None and SAMPLED_PLAIN(traceparent) is not None:
                 fields = (key, event_id, event_type, version, lsn)
                 trace_id, parent_id = int(traceparent[3:35], 16), int(traceparent[36:52], 16)
                 flags = traceparent[54] - _ZERO  # its last hex digit: 1, or 3

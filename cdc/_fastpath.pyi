@@ -23,3 +23,6 @@ class RowReader:
 
 def send_span(span: Any) -> bytes | None:
     """cdc.trace_export: a cdc.trace_span.SendSpan's OTLP Span message, or None for Python to write."""
+
+def plain_child(headers: list[tuple[str, Any]], first: int, span_id: int) -> bytes | None:
+    """cdc.trace_context.plain_child: a row's plain sampled traceparent replaced by its child's, in place."""

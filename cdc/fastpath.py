@@ -2,10 +2,12 @@
 
 It holds the parts of the hot path that Python spends most of its time on: the Avro encoder
 (:mod:`cdc.avro.compiled`) and the reader of outbox rows from pgoutput Inserts (:mod:`cdc.stream.route`);
-and, when tracing is on, the writer of the relay's spans for the exporter (:mod:`cdc.trace_export`).
-Each is only ever right or absent: on anything it is not sure of it hands over to the Python code, which is
-the reference, and tests hold it to that code byte for byte (``tests/unit/avro/test_compiled.py``,
-``tests/unit/stream/test_compiled_rows.py``, ``tests/unit/test_trace_export_compiled.py``).
+and, when tracing is on, a sampled row's new ``traceparent`` (:func:`cdc.trace_context.plain_child`) and
+the writer of the relay's spans for the exporter (:mod:`cdc.trace_export`). Each is only ever right or
+absent: on anything it is not sure of it hands over to the Python code, which is the reference, and tests
+hold it to that code byte for byte (``tests/unit/avro/test_compiled.py``,
+``tests/unit/stream/test_compiled_rows.py``, ``tests/unit/test_trace_export_compiled.py``,
+``tests/unit/test_trace_context.py``).
 
 The setting ``fast_path``: ``auto`` uses the extension when it was built (``make install`` builds it when
 cargo 1.77 or later is on PATH; the Docker image always has it), ``off`` never, ``required`` refuses to start

@@ -42,6 +42,7 @@ __all__ = [
     "format_traceparent",
     "is_sampled",
     "parse_traceparent",
+    "plain_child",
     "properties_context",
     "remote_context",
     "remote_span_context",
@@ -74,6 +75,32 @@ def parse_traceparent(value: bytes | str) -> tuple[int, int, int] | None:
     if version == b"ff" or (version == b"00" and rest) or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         return None
     return int(trace_id, 16), int(span_id, 16), int(flags, 16)
+
+
+def plain_child(headers: list[tuple[str, str | bytes | None]], first: int, span_id: int) -> bytes | None:
+    """The relay's common case, in one call: when ``headers[first:]`` (a row's headers, at the end of its
+    record's) hold one ``traceparent``, which :data:`SAMPLED_PLAIN` takes, and no ``tracestate``, that
+    traceparent is replaced in its place by its child's (the same trace id and flags, ``span_id`` as the
+    parent id), as :func:`replace_headers` would, and the row's is returned. Otherwise None, and ``headers``
+    are left as they came. ``cdc._fastpath.plain_child`` does the same (tests/unit/test_trace_context.py)."""
+    if not 0 < span_id < 1 << 64 or first < 0:
+        return None  # not an id the SDK would make, or not a place in the list: the general path decides
+    found = -1
+    for i in range(first, len(headers)):
+        key = headers[i][0]
+        if key == TRACEPARENT:
+            if found >= 0:
+                return None
+            found = i
+        elif key == TRACESTATE:
+            return None
+    if found < 0:
+        return None
+    traceparent = headers[found][1]
+    if type(traceparent) is not bytes or SAMPLED_PLAIN(traceparent) is None:
+        return None
+    headers[found] = (TRACEPARENT, b"%b%016x%b" % (traceparent[:36], span_id, traceparent[52:]))
+    return traceparent
 
 
 def is_sampled(traceparent: bytes) -> bool:

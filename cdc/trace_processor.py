@@ -11,6 +11,7 @@ it is given (``cdc_tracing_spans_dropped_total{reason}``), never waited for.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
@@ -40,9 +41,17 @@ class Tracing:
     ``tracing`` setting (``row-context-only`` or ``always``)."""
 
     def __init__(
-        self, mode: str, provider: TracerProvider, processor: BoundedProcessor, *, name: str
+        self,
+        mode: str,
+        provider: TracerProvider,
+        processor: BoundedProcessor,
+        *,
+        name: str,
+        plain_child: Callable[[list[tuple[str, str | bytes | None]], int, int], bytes | None] | None = None,
     ) -> None:
         self.mode = mode
+        # cdc._fastpath's cdc.trace_context.plain_child, when compiled (None: the relay uses Python's)
+        self.plain_child = plain_child
         self.provider = provider
         self.tracer: Tracer = provider.get_tracer(name)
         self.processor = processor
@@ -120,9 +129,9 @@ class CountingExporter(SpanExporter):
 
 class BoundedProcessor(SpanProcessor):
     """A BatchSpanProcessor whose queue is never full: a span that might not fit is dropped here, and
-    counted, before the SDK would drop one uncounted. The queue's length is what went in less what the
-    exporter took; an export takes its spans just after they leave the queue, so the count is never below
-    the real length."""
+    counted, before the SDK would drop one uncounted. The queue's count is what came in less what the
+    exporter took and what was dropped; an export takes its spans just after they leave the queue, so the
+    count is never below the real length."""
 
     def __init__(
         self,
@@ -136,10 +145,15 @@ class BoundedProcessor(SpanProcessor):
         self.stats = stats
         self.send_span = send_span
         self.abandoned = False
-        # One lock for the queue's count and the counters: a span's end takes a lock once (its code runs
-        # once per hundred events at 1 % sampled, cold, where each step costs several times its warm cost).
+        # The queue's count without a lock on a span's end (its code runs once per hundred events at 1 %
+        # sampled, cold, where a lock's enter and exit cost several µs): each span that comes draws a number
+        # from `_came`, atomically under the GIL, whichever thread ends it; `_left` counts those that left the
+        # count (taken by an export, or dropped), under the lock. Span number n finds n - _left spans counted
+        # with it; a stale `_left` is smaller, never larger, so the queue never holds more than `capacity`.
         self._lock = stats.lock
-        self._pending = 0
+        self._came = itertools.count(1)
+        self._last = 0  # the last number drawn: the count's reading, for the gauge
+        self._left = 0
         self._batch: BatchSpanProcessor | None = None
         self._emit: Callable[[ReadableSpan], None] | None = None
         self._queue: deque[ReadableSpan] | None = None
@@ -159,6 +173,11 @@ class BoundedProcessor(SpanProcessor):
             size = getattr(inner, "_max_export_batch_size", None)
             if isinstance(queue, deque) and isinstance(awaken, threading.Event) and isinstance(size, int):
                 self._queue, self._awaken, self._batch_size = queue, awaken, size
+            stats.queues.append(self.queued)
+
+    def queued(self) -> int:
+        """Spans counted and not yet taken by an export (nor dropped)."""
+        return max(0, self._last - self._left)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         pass
@@ -173,14 +192,10 @@ class BoundedProcessor(SpanProcessor):
         makes it when first read, on the export thread)."""
         if self._emit is None:
             return
-        stats = self.stats
-        with self._lock:  # stats.lock
-            lost = "shutdown" if self.abandoned else "queue_full" if self._pending >= self.capacity else ""
-            if lost:
-                stats.dropped[lost] += 1
-                return
-            self._pending += 1
-            stats.queued += 1
+        self._last = came = next(self._came)
+        if came - self._left > self.capacity or self.abandoned:
+            self._drop("shutdown" if self.abandoned else "queue_full")
+            return
         queue = self._queue
         if queue is None:
             self._emit(span)
@@ -189,21 +204,25 @@ class BoundedProcessor(SpanProcessor):
         if len(queue) >= self._batch_size and not self._awaken.is_set():
             self._awaken.set()
 
+    def _drop(self, reason: str) -> None:
+        with self._lock:  # stats.lock
+            self.stats.dropped[reason] += 1
+            self._left += 1
+
     def taken(self, count: int) -> bool:
         """``count`` spans left the queue for an export; False once abandoned, which counted them."""
         with self._lock:  # stats.lock
             if self.abandoned:
                 return False
-            self._pending -= count
-            self.stats.queued -= count
+            self._left += count
         return True
 
     def abandon(self) -> None:
         """After shutdown: what is still queued is lost, and counted now."""
         with self._lock:  # stats.lock
             self.abandoned = True
-            left, self._pending = self._pending, 0
-            self.stats.queued -= left
+            left = max(0, self._last - self._left)
+            self._left += left
             self.stats.dropped["shutdown"] += left
 
     def shutdown(self) -> None:

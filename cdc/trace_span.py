@@ -14,20 +14,23 @@ tighter than the relay's spans need (``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`` under 1
 which the SDK enforces in its own way.
 
 The common case, a row whose sampled ``traceparent`` has no ``tracestate``, under a sampler that keeps every
-child of a sampled remote parent, is a :class:`SendSpan`: the row's fields as they came, and a new span id.
-Its OpenTelemetry values (the contexts, the name, the attributes) are made when first read, which is on the
-processor's export thread, in batches. At 1 % of rows sampled, a span's code runs once per hundred events,
-cold, and costs the relay's loop several times what it costs in a loop of spans: the less of it there, the
-better.
+child of a sampled remote parent, is a :class:`SendSpan`: the row's fields and ``traceparent`` as they came,
+and a new span id. Its OpenTelemetry values (the ids, the contexts, the name, the attributes) are made when
+first read, which is on the processor's export thread, in batches. At 1 % of rows sampled, a span's code
+runs once per hundred events, cold, and costs the relay's loop several times what it costs in a loop of
+spans (``python -m tests.bench.cold_span`` measures both): the less of it there, the better.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable
+from functools import partial
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.trace import SpanLimits
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -54,6 +57,7 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | 0x02)
 _RANDOM = 0x02  # W3C level 2's random trace id flag, which the SDK carries from the parent
 _EMPTY_STATE = TraceState()
+_ZERO = ord("0")
 
 
 class RelaySpan:
@@ -129,10 +133,8 @@ class SendSpan:
     __slots__ = (
         "_topic",
         "_fields",
-        "_trace_id",
-        "_parent_id",
+        "_traceparent",
         "span_id",
-        "_flags",
         "resource",
         "instrumentation_scope",
         "start_time",
@@ -154,20 +156,18 @@ class SendSpan:
         self,
         topic: str,
         fields: tuple[bytes | None, bytes | str, bytes | str, bytes | int, bytes],
-        trace_id: int,
-        parent_id: int,
+        traceparent: bytes,
         span_id: int,
-        flags: int,
         maker: SpanMaker,
         start_time: int,
         on_end: Callable[[Any], None],
     ) -> None:
         self._topic = topic
         self._fields = fields  # the record's key, the event's id, type and schema version, the commit LSN
-        self._trace_id = trace_id
-        self._parent_id = parent_id
+        # The row's, as it came (cdc.trace_context.SAMPLED_PLAIN took it): its ids are read on the export
+        # thread, when first asked for.
+        self._traceparent = traceparent
         self.span_id = span_id
-        self._flags = flags  # the parent's: sampled, and the random bit, which the child keeps
         self.resource = maker.resource
         self.instrumentation_scope = maker.scope
         self.start_time = start_time
@@ -181,6 +181,19 @@ class SendSpan:
     @property
     def name(self) -> str:
         return f"send {self._topic}"
+
+    @property
+    def _trace_id(self) -> int:
+        return int(self._traceparent[3:35], 16)
+
+    @property
+    def _parent_id(self) -> int:
+        return int(self._traceparent[36:52], 16)
+
+    @property
+    def _flags(self) -> int:
+        """The parent's: sampled, and the random bit, which the child keeps (01 or 03: its last digit)."""
+        return self._traceparent[54] - _ZERO
 
     @property
     def context(self) -> SpanContext:
@@ -309,6 +322,14 @@ class SpanMaker:
         # on_end_sampled, when given, the same for a span known to be sampled (it reads no context)
         self._sampler = provider.sampler
         self._ids = provider.id_generator
+        # A new span id without a Python frame: the SDK's RandomIdGenerator draws random.getrandbits(64)
+        # (drawn again when 0, which the caller asks generate_span_id for).
+        self.new_span_id: Callable[[], int] = (
+            partial(random.getrandbits, 64)
+            if type(self._ids) is RandomIdGenerator
+            else self._ids.generate_span_id
+        )
+        self.generate_span_id = self._ids.generate_span_id
         self.resource = provider.resource
         self.scope = InstrumentationScope(scope)  # what provider.get_tracer(scope) names
         self._on_end = on_end
@@ -331,24 +352,14 @@ class SpanMaker:
         self,
         topic: str,
         fields: tuple[bytes | None, bytes | str, bytes | str, bytes | int, bytes],
-        trace_id: int,
-        parent_id: int,
-        flags: int,
+        traceparent: bytes,
+        span_id: int,
         start_time: int,
     ) -> SendSpan:
-        """The ``send`` span of a record whose row's parent is sampled and has no trace state; only when
-        :attr:`keeps_sampled_children` (the sampler's answer is then known)."""
-        return SendSpan(
-            topic,
-            fields,
-            trace_id,
-            parent_id,
-            self._ids.generate_span_id(),
-            flags,
-            self,
-            start_time,
-            self._on_end_sampled,
-        )
+        """The ``send`` span, with the id ``span_id`` (from :attr:`new_span_id`), of a record whose row's
+        ``traceparent`` is sampled, plain (what :data:`cdc.trace_context.SAMPLED_PLAIN` takes) and without
+        trace state; only when :attr:`keeps_sampled_children` (the sampler's answer is then known)."""
+        return SendSpan(topic, fields, traceparent, span_id, self, start_time, self._on_end_sampled)
 
     def start(
         self, name: str, parent: SpanContext | None, attributes: dict[str, Any], start_time: int

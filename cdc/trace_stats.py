@@ -1,14 +1,15 @@
 """What became of the process's finished spans: exported, or dropped and why; and their Prometheus metrics.
 
-Plain counters under a lock (:data:`STATS`), written by the bounded processor (:mod:`cdc.trace_processor`)
-and read at each scrape by :class:`TracingCollector`, which :mod:`cdc.metrics` serves. Apart from
-OpenTelemetry's SDK, so that ``/metrics`` says the same without it: nothing exported, nothing dropped.
+Plain counters under a lock (:data:`STATS`), and the batch queues' own counts, written by the bounded
+processor (:mod:`cdc.trace_processor`) and read at each scrape by :class:`TracingCollector`, which
+:mod:`cdc.metrics` serves. Apart from OpenTelemetry's SDK, so that ``/metrics`` says the same without it:
+nothing exported, nothing dropped.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -24,7 +25,14 @@ class SpanStats:
         self.lock = threading.Lock()
         self.exported = 0
         self.dropped: dict[str, int] = {"queue_full": 0, "export_failed": 0, "shutdown": 0}
-        self.queued = 0  # in the batch queues now
+        # Each batch queue's count of its spans, read when asked: a queue counts without this lock (a span's
+        # end takes none, cdc.trace_processor.BoundedProcessor).
+        self.queues: list[Callable[[], int]] = []
+
+    @property
+    def queued(self) -> int:
+        """Spans in the batch queues now."""
+        return sum(count() for count in list(self.queues))
 
 
 STATS = SpanStats()

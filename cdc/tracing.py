@@ -103,7 +103,8 @@ def start(mode: str, *, service_name: str = INSTRUMENTATION, compiled: bool = Fa
         _shown(_endpoint()) if exporter is not None else "nowhere (OTEL_TRACES_EXPORTER=none)",
         os.environ.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on",
     )
-    return Tracing(mode, provider, processor, name=INSTRUMENTATION)
+    plain_child = getattr(fastpath.extension, "plain_child", None) if compiled else None
+    return Tracing(mode, provider, processor, name=INSTRUMENTATION, plain_child=plain_child)
 
 
 def _check_environment() -> None:

@@ -147,6 +147,8 @@ class Emitter:
                 if header == TRACEPARENT:
                     wanted = not (context and len(context) == 55 and context[54] not in SAMPLED_LAST)
                     break
+            else:
+                wanted = spans is not None and spans.always  # no traceparent: a span of its own, or none
         if wanted:
             assert spans is not None
             started = spans.start(

@@ -304,5 +304,6 @@ fn _fastpath(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
     m.add_class::<RowReader>()?;
     m.add_function(wrap_pyfunction!(spans::send_span, m)?)?;
+    m.add_function(wrap_pyfunction!(spans::plain_child, m)?)?;
     Ok(())
 }

@@ -10,7 +10,7 @@
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::varint;
 
@@ -221,4 +221,74 @@ pub(crate) fn send_span<'py>(
     let mut out = Vec::with_capacity(body.len() + 4);
     put(&mut out, 2, &body);
     Some(PyBytes::new(py, &out))
+}
+
+/// `cdc.trace_context.SAMPLED_PLAIN`: version 00, neither id all zeros, flags 01 or 03, nothing after.
+fn sampled_plain(tp: &[u8]) -> bool {
+    let hex = |part: &[u8]| {
+        part.iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    };
+    tp.len() == 55
+        && tp.starts_with(b"00-")
+        && tp[35] == b'-'
+        && tp[52..54] == *b"-0"
+        && (tp[54] == b'1' || tp[54] == b'3')
+        && hex(&tp[3..35])
+        && hex(&tp[36..52])
+        && tp[3..35].iter().any(|&b| b != b'0')
+        && tp[36..52].iter().any(|&b| b != b'0')
+}
+
+/// `plain_child(headers, first, span_id) -> bytes | None`: `cdc.trace_context.plain_child`, for a list of
+/// (str, bytes | None) pairs. What it is not sure of (not a list, an item that is not a pair, an id that is
+/// not a non-zero 64-bit int) gives None, as a traceparent it does not take does, and the list is left as it
+/// came: the relay then takes its general path.
+#[pyfunction]
+pub(crate) fn plain_child<'py>(
+    py: Python<'py>,
+    headers: &Bound<'py, PyAny>,
+    first: isize,
+    span_id: &Bound<'py, PyAny>,
+) -> Option<Bound<'py, PyBytes>> {
+    let span_id: u64 = span_id.extract().ok()?;
+    if span_id == 0 || first < 0 {
+        return None;
+    }
+    let headers = headers.downcast_exact::<PyList>().ok()?;
+    let mut found: Option<(usize, Bound<'py, PyAny>)> = None;
+    for i in (first as usize)..headers.len() {
+        let item = headers.get_item(i).ok()?;
+        let pair = item.downcast_exact::<PyTuple>().ok()?;
+        if pair.len() != 2 {
+            return None;
+        }
+        let key = pair.get_item(0).ok()?;
+        let Ok(key) = key.downcast_exact::<PyString>() else {
+            continue; // not a str: never equal to one
+        };
+        match key.to_str().ok()? {
+            "traceparent" => {
+                if found.is_some() {
+                    return None;
+                }
+                found = Some((i, pair.get_item(1).ok()?));
+            }
+            "tracestate" => return None,
+            _ => {}
+        }
+    }
+    let (index, value) = found?;
+    let traceparent = value.downcast_exact::<PyBytes>().ok()?;
+    let tp = traceparent.as_bytes();
+    if !sampled_plain(tp) {
+        return None;
+    }
+    let mut child = Vec::with_capacity(55);
+    child.extend_from_slice(&tp[..36]);
+    child.extend_from_slice(format!("{span_id:016x}").as_bytes());
+    child.extend_from_slice(&tp[52..]);
+    let pair = (intern!(py, "traceparent"), PyBytes::new(py, &child));
+    headers.set_item(index, pair).ok()?;
+    Some(traceparent.clone())
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -9,6 +10,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import TraceState
 
+from cdc import fastpath
 from cdc.trace_context import (
     context_headers,
     current_headers,
@@ -16,9 +18,11 @@ from cdc.trace_context import (
     format_traceparent,
     is_sampled,
     parse_traceparent,
+    plain_child,
     properties_context,
     remote_context,
     replace_context,
+    replace_headers,
 )
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -174,3 +178,79 @@ def test_debeziums_span_context_column_is_read():
 )
 def test_java_properties_forms(text, want):
     assert properties_context(text) == want
+
+
+ROW = [("id", b"e-1"), ("event_type", b"OrderPlaced")]  # a record's own headers, before the row's
+PLAIN = [
+    SAMPLED,
+    f"00-{TRACE}-{SPAN}-03".encode(),  # the random bit: kept
+]
+NOT_PLAIN = [
+    UNSAMPLED,
+    f"00-{TRACE}-{SPAN}-05".encode(),  # another flag set: the general path
+    f"01-{TRACE}-{SPAN}-01".encode(),
+    f"00-{TRACE.upper()}-{SPAN}-01".encode(),
+    f"00-{'0' * 32}-{SPAN}-01".encode(),
+    f"00-{TRACE}-{'0' * 16}-01".encode(),
+    SAMPLED + b"-x",
+    SAMPLED[:-1],
+    b" " + SAMPLED[:-1],
+    b"",
+    None,
+    SAMPLED.decode(),  # a str: not what a row's headers hold
+]
+
+
+@pytest.mark.parametrize("value", PLAIN)
+def test_plain_child_replaces_a_plain_sampled_traceparent_in_its_place(value):
+    headers = [*ROW, ("x", b"1"), ("traceparent", value), ("y", b"2")]
+    before = list(headers)
+    assert plain_child(headers, len(ROW), 0x1122334455667788) is value
+    child = value[:36] + b"1122334455667788" + value[52:]
+    assert headers == replace_headers(before, [("traceparent", child)])  # what the general path writes
+    assert parse_traceparent(child) == (int(TRACE, 16), 0x1122334455667788, value[54] - ord("0"))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        *([("traceparent", value)] for value in NOT_PLAIN),
+        [("traceparent", SAMPLED), ("tracestate", b"rojo=1")],  # a trace state: the general path keeps it
+        [("tracestate", b"rojo=1"), ("traceparent", SAMPLED)],
+        [("traceparent", SAMPLED), ("traceparent", SAMPLED)],  # two: the general path keeps the first
+        [("x", b"1")],
+        [],
+    ],
+)
+def test_plain_child_leaves_anything_else_as_it_came(headers):
+    record = [*ROW, *headers]
+    before = list(record)
+    assert plain_child(record, len(ROW), 7) is None
+    assert record == before
+
+
+def test_plain_child_reads_only_the_rows_headers_and_takes_only_an_sdk_span_id():
+    record = [("traceparent", SAMPLED), ("x", b"1")]  # before `first`: not the row's
+    assert plain_child(record, 1, 7) is None
+    for span_id in (0, -1, 1 << 64):
+        assert plain_child([("traceparent", SAMPLED)], 0, span_id) is None
+    assert plain_child([("traceparent", SAMPLED)], -1, 7) is None
+
+
+def test_the_compiled_plain_child_is_pythons(compiled_extension):
+    """cdc._fastpath.plain_child against cdc.trace_context.plain_child: the same answer and the same list
+    after, over generated rows (their headers as cdc.stream.route.parse_headers makes them)."""
+    compiled = fastpath.extension.plain_child  # type: ignore[union-attr]
+    rng = random.Random(20261208)
+    values = [*PLAIN, *NOT_PLAIN, b"00-" + b"f" * 32 + b"-" + b"f" * 16 + b"-01"]
+    keys = ["traceparent", "tracestate", "x", "Traceparent", b"traceparent"]
+    for _ in range(20_000):
+        row = [(rng.choice(keys), rng.choice([*values, b"v"])) for _ in range(rng.randrange(4))]
+        if rng.random() < 0.5:
+            row.insert(rng.randrange(len(row) + 1), ("traceparent", rng.choice(values)))
+        first = rng.choice([0, 1, 2, -1])
+        span_id = rng.choice([1, 0x1122334455667788, (1 << 64) - 1, rng.getrandbits(64), 0, 1 << 64])
+        ours, theirs = [*ROW[: max(first, 0)], *row], [*ROW[: max(first, 0)], *row]
+        answer = plain_child(ours, first, span_id)
+        assert compiled(theirs, first, span_id) == answer, (row, first, span_id)
+        assert theirs == ours

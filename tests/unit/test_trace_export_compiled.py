@@ -18,6 +18,7 @@ from cdc.trace_span import SendSpan, SpanMaker
 pytestmark = pytest.mark.usefixtures("compiled_extension")
 
 START = 1_796_000_000_123_456_000
+ROW = b"00-%032x-%016x-01" % (7, 8)  # a row's traceparent: trace 7, parent 8
 FIELDS = (b"order-17", b"5b8b1d0e-7d4e-4a8e-9f43-0d1a2b3c4d5e", b"OrderPlaced", b"1", b"0/16B3748")
 
 
@@ -49,9 +50,8 @@ class Delivered:
 
 
 def test_the_relays_usual_span_is_written_alike() -> None:
-    span = maker().send(
-        "outbox.event.order", FIELDS, 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0xF067AA0BA902B7, 1, START
-    )
+    row = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    span = maker().send("outbox.event.order", FIELDS, row, 0x1122334455667788, START)
     span.note_delivery(None, Delivered(3, 12345), True)
     data = compiled(span)
     assert data is not None and data == python(span)
@@ -109,7 +109,9 @@ def generated(rng: random.Random) -> SendSpan:
     trace_id = rng.choice([1, (1 << 128) - 1, rng.getrandbits(128)])
     parent_id = rng.choice([1, (1 << 64) - 1, rng.getrandbits(64)])
     start = rng.choice([START, 0, 1, (1 << 64) - 1])
-    span = maker().send(topic, fields, trace_id, parent_id, rng.choice([1, 3]), start)  # type: ignore[arg-type]
+    row = b"00-%032x-%016x-0%d" % (trace_id, parent_id, rng.choice([1, 3]))
+    span_id = rng.choice([1, (1 << 64) - 1, rng.getrandbits(64) or 1])
+    span = maker().send(topic, fields, row, span_id, start)  # type: ignore[arg-type]
     for _ in range(rng.randrange(3)):
         span.set_attribute(rng.choice(["late.a", "late.b", "messaging.kafka.offset", "é"]), rng.choice(LATE))
     if rng.random() < 0.3:
@@ -152,7 +154,7 @@ def test_generated_spans_are_written_alike_or_left_to_python() -> None:
     ],
 )
 def test_plain_spans_are_all_written(fields: Any, late: dict[str, Any]) -> None:
-    span = maker().send("t", fields, 7, 8, 1, START)
+    span = maker().send("t", fields, ROW, 9, START)
     for key, value in late.items():
         span.set_attribute(key, value)
     span.end()
@@ -173,7 +175,7 @@ def test_plain_spans_are_all_written(fields: Any, late: dict[str, Any]) -> None:
     ],
 )
 def test_what_it_is_not_sure_of_is_left_to_python(odd: dict[str, Any]) -> None:
-    span = maker().send("t", odd.get("fields", FIELDS), 7, 8, 1, START)
+    span = maker().send("t", odd.get("fields", FIELDS), ROW, 9, START)
     for key, value in odd.get("late", {}).items():
         span.set_attribute(key, value)
     if odd.get("attributes"):

@@ -4,6 +4,7 @@ or through its emit() when an SDK of another version has neither."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -14,7 +15,7 @@ from cdc.trace_processor import BoundedProcessor
 from cdc.trace_span import SpanMaker
 from cdc.trace_stats import SpanStats
 
-PARENT = (0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7)
+ROW = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +36,7 @@ class Kept(SpanExporter):
 def sent(processor: BoundedProcessor, count: int) -> None:
     maker = SpanMaker(TracerProvider(), processor.on_end, scope="t", on_end_sampled=processor.on_end_sampled)
     for i in range(count):
-        span = maker.send("t", (b"k", b"e-%d" % i, b"T", b"1", b"0/1"), *PARENT, 1, 1)
+        span = maker.send("t", (b"k", b"e-%d" % i, b"T", b"1", b"0/1"), ROW, i + 1, 1)
         span.note_delivery(None, Partition(), end=True)
 
 
@@ -86,3 +87,22 @@ def test_after_shutdown_a_span_is_dropped_and_counted():
     processor.abandon()
     sent(processor, 2)
     assert stats.dropped["shutdown"] == 2 and stats.queued == 0
+
+
+def test_spans_ended_on_several_threads_are_each_counted_once_and_never_overflow_the_queue():
+    """A span's end takes no lock: its number from an atomic count, against what left the count."""
+    stats = SpanStats()
+    processor = BoundedProcessor(Kept(), 100, stats)
+    processor._batch_size = 1 << 30  # the worker is not woken: the queue keeps what came in
+    assert processor._queue is not None
+    threads = [threading.Thread(target=sent, args=(processor, 1000)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    kept = len(processor._queue)
+    assert kept == 100 and stats.queued == kept
+    assert stats.dropped["queue_full"] == 4000 - kept
+    processor.abandon()
+    assert stats.queued == 0 and stats.dropped["shutdown"] == kept
+    processor.shutdown()

@@ -125,7 +125,8 @@ def test_a_send_span_made_from_the_rows_fields_encodes_to_the_sdk_spans_bytes(fl
     maker = SpanMaker(provider, processor.on_end, scope="outbox-cdc")
     assert maker.keeps_sampled_children
     fields = (b"order-17", b"5b8b1d0e-7d4e-4a8e-9f43-0d1a2b3c4d5e", b"OrderPlaced", b"1", b"0/16B3748")
-    ours = maker.send("outbox.event.order", fields, parent.trace_id, parent.span_id, flags, START)
+    row = b"00-%032x-%016x-%02x" % (parent.trace_id, parent.span_id, flags)
+    ours = maker.send("outbox.event.order", fields, row, maker.new_span_id(), START)
     assert ours.span_id == sdk.get_span_context().span_id
     for span in (sdk, ours):
         span.set_attribute("messaging.destination.partition.id", "3")
@@ -149,7 +150,8 @@ def test_a_send_spans_attributes_set_again_read_as_a_dicts() -> None:
     provider, processor, kept = setup()
     maker = SpanMaker(provider, processor.on_end, scope="outbox-cdc")
     fields = (b"k", b"e", b"T", b"1", b"0/1")
-    late, first, made = (maker.send("t", fields, 7, 8, 1, START) for _ in range(3))
+    row = b"00-%032x-%016x-01" % (7, 8)
+    late, first, made = (maker.send("t", fields, row, maker.new_span_id(), START) for _ in range(3))
     for span in (late, first, made):
         span.set_attribute("messaging.kafka.offset", 1)
         if span is first:

@@ -99,7 +99,7 @@ def test_the_metrics_are_counters_and_a_gauge():
     stats = tracing.SpanStats()
     stats.dropped["queue_full"] = 3
     stats.exported = 7
-    stats.queued = 2
+    stats.queues.append(lambda: 2)  # a batch queue's count
     registry = CollectorRegistry(auto_describe=False)
     registry.register(tracing.TracingCollector(stats))
     text = generate_latest(registry).decode()

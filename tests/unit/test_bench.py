@@ -144,3 +144,13 @@ def test_the_tracing_phase_reads_each_drains_exact_cpu_and_shows_the_pairs():
     shown = "\n".join(lines(result))
     assert "drain by drain: 1.04 (median of 3 pairs [1.02, 1.04, 1.09])" in shown
     assert shown.count("drain by drain") == 1, "off has no pairs of its own"
+
+
+def test_the_cold_span_tool_times_the_relays_span_code_both_ways(capsys, compiled_extension):
+    from tests.bench import cold_span
+
+    for way in ([], ["--python"]):
+        cold_span.main(["--spans", "5", "--other-mb", "0.1", *way])
+        shown = capsys.readouterr().out.splitlines()
+        assert [line.split(":")[0] for line in shown] == ["warm", "cold", "warm", "cold"]
+        assert all("µs a span (start " in line for line in shown)

@@ -138,12 +138,25 @@ def test_the_tracing_phase_reads_each_drains_exact_cpu_and_shows_the_pairs():
                 "cpu_of_off": 1.038,
                 "cpu_of_off_pairs": [1.02, 1.04, 1.09],
                 "cpu_of_off_paired": 1.04,
+                "cpu_of_off_mean": 1.05,
+                "cpu_of_off_ci95": 0.09,
             },
         },
     }
     shown = "\n".join(lines(result))
     assert "drain by drain: 1.04 (median of 3 pairs [1.02, 1.04, 1.09])" in shown
     assert shown.count("drain by drain") == 1, "off has no pairs of its own"
+    assert "their mean: 1.05 ± 0.09 (95%)" in shown
+
+
+def test_the_pairs_mean_comes_with_its_95_percent_interval():
+    from tests.bench.tracing import mean_interval
+
+    assert mean_interval([]) == (None, None) and mean_interval([1.04]) == (1.04, None)
+    mean, half = mean_interval([1.0, 1.1])  # t(1) = 12.706, standard error 0.05
+    assert mean == 1.05 and half == 0.635
+    mean, half = mean_interval([1.0, 1.02, 1.04] * 10)  # 30 values: t(29) = 2.042
+    assert mean == 1.02 and half == 0.006  # 2.042 x 0.0166 / sqrt(30)
 
 
 def test_the_cold_span_tool_times_the_relays_span_code_both_ways(capsys, compiled_extension):

@@ -56,7 +56,8 @@ def tracing_phase(bench: Bench, events: int) -> dict[str, Any]:
     """The three passes; their rates and CPU, and each one's against ``off``. With ``--repeat N``, ``off``
     and ``1%`` are drained N times each, in alternating order, from slots made before one fill: their
     figures are the medians (each run's are kept), as the machine's noise is larger than what 1 % costs, and
-    1%'s CPU of off is also the median of the drains' pairs (``cpu_of_off_paired``)."""
+    1%'s CPU of off is also the median of the drains' pairs (``cpu_of_off_paired``) and their mean, with its
+    95% interval (``cpu_of_off_mean``, ``cpu_of_off_ci95``)."""
     rows = bench.args.rows_per_txn
     repeat = max(1, bench.args.repeat)
     events -= events % rows

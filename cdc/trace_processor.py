@@ -218,12 +218,15 @@ class BoundedProcessor(SpanProcessor):
         return True
 
     def abandon(self) -> None:
-        """After shutdown: what is still queued is lost, and counted now."""
+        """After shutdown: what is still queued is lost, and counted now; the gauge no longer reads this
+        queue (a process that sets tracing up again counts the new one only)."""
         with self._lock:  # stats.lock
             self.abandoned = True
             left = max(0, self._last - self._left)
             self._left += left
             self.stats.dropped["shutdown"] += left
+            if self.queued in self.stats.queues:
+                self.stats.queues.remove(self.queued)
 
     def shutdown(self) -> None:
         if self._batch is not None:

@@ -105,4 +105,5 @@ def test_spans_ended_on_several_threads_are_each_counted_once_and_never_overflow
     assert stats.dropped["queue_full"] == 4000 - kept
     processor.abandon()
     assert stats.queued == 0 and stats.dropped["shutdown"] == kept
+    assert stats.queues == [], "an abandoned queue is no longer read"
     processor.shutdown()

@@ -222,7 +222,7 @@ class BoundedProcessor(SpanProcessor):
         queue (a process that sets tracing up again counts the new one only)."""
         with self._lock:  # stats.lock
             self.abandoned = True
-            left = max(0, self._last - self._left)
+            left = self.queued()
             self._left += left
             self.stats.dropped["shutdown"] += left
             if self.queued in self.stats.queues:
